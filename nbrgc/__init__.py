@@ -1,0 +1,27 @@
+"""nbrgc: byte-level Transformers trained on CPUs with Numba, by global backprop or by bounded-horizon
+local training with Readout-Gradient Consensus (RGC).
+
+The thread-safe threading layer is selected here, before any kernel compiles.
+"""
+from .threads import select_layer as _select_layer
+
+THREADING_LAYER = _select_layer()
+
+from .errors import NbrgcError, ConfigError, DataError, CheckpointError  # noqa: E402
+from .config import ModelConfig, TrainConfig, PRESETS, preset  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Heavier entry points load on first use so `import nbrgc` stays quick.
+    if name == "Model":
+        from .model import Model
+        return Model
+    if name == "local_loss_and_grad":
+        from .local import local_loss_and_grad
+        return local_loss_and_grad
+    if name in ("train", "Trainer"):
+        from . import train as _train
+        return getattr(_train, name)
+    raise AttributeError(name)

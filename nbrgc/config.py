@@ -1,0 +1,166 @@
+"""Model and training configuration: presets and up-front validation with one-line errors."""
+from dataclasses import dataclass, asdict, fields, replace
+
+from .errors import ConfigError
+
+MODES = ("bp", "rgc-sync", "rgc-async")
+
+
+def _int(name, value, lo=None):
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if float(value) != int(value):
+                raise ValueError
+            value = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if lo is not None and value < lo:
+        raise ConfigError(f"{name} must be >= {lo}, got {value}")
+    return value
+
+
+def _float(name, value, lo=None, hi=None, lo_open=False):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(f"{name} must be finite, got {value}")
+    if lo is not None and (value < lo or (lo_open and value == lo)):
+        raise ConfigError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{name} must be <= {hi}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int
+    d_model: int
+    n_head: int
+    ctx: int
+    vocab: int = 256
+
+    def __post_init__(self):
+        for name, lo in (("n_layer", 1), ("d_model", 1), ("n_head", 1), ("ctx", 1), ("vocab", 2)):
+            object.__setattr__(self, name, _int(name, getattr(self, name), lo))
+        if self.d_model % self.n_head:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.n_head
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+PRESETS = {
+    "tiny": ModelConfig(n_layer=2, d_model=32, n_head=2, ctx=16),
+    "small": ModelConfig(n_layer=8, d_model=128, n_head=4, ctx=128),
+    "paper": ModelConfig(n_layer=24, d_model=256, n_head=8, ctx=256),
+}
+PRESET_BATCH = {"tiny": 4, "small": 16, "paper": 8}
+
+
+def preset(name, **overrides):
+    """A preset ModelConfig with field overrides (``None`` values are ignored)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown config preset {name!r}; choose from {', '.join(PRESETS)}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return replace(PRESETS[name], **overrides)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    mode: str = "bp"
+    steps: int = 1000
+    batch: int = 8
+    seq: int = 0                  # 0: the model's ctx
+    lr: float = 1e-3
+    min_lr_frac: float = 0.1      # cosine decays to lr * min_lr_frac
+    warmup: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0        # 0 disables clipping
+    eval_every: int = 200
+    eval_batches: int = 8
+    log_every: int = 10
+    seed: int = 0
+    threads: int = 0              # 0: all cores
+    n_stages: int = 4
+    stage_threads: str = "auto"   # "auto" or comma list, one per stage
+    max_staleness: int = 1
+    on_nan: str = "stop"          # stop | skip
+    keep: int = 3
+    ckpt_every: int = 0           # 0: only at eval points and at the end
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name, lo in (("steps", 1), ("batch", 1), ("seq", 0), ("warmup", 0), ("eval_every", 0),
+                         ("eval_batches", 1), ("log_every", 1), ("seed", 0), ("threads", 0),
+                         ("n_stages", 1), ("max_staleness", 0), ("keep", 1), ("ckpt_every", 0)):
+            object.__setattr__(self, name, _int(name, getattr(self, name), lo))
+        object.__setattr__(self, "lr", _float("lr", self.lr, 0.0, lo_open=True))
+        object.__setattr__(self, "min_lr_frac", _float("min_lr_frac", self.min_lr_frac, 0.0, 1.0))
+        object.__setattr__(self, "weight_decay", _float("weight_decay", self.weight_decay, 0.0))
+        object.__setattr__(self, "beta1", _float("beta1", self.beta1, 0.0, 1.0))
+        object.__setattr__(self, "beta2", _float("beta2", self.beta2, 0.0, 1.0))
+        if self.beta1 >= 1.0 or self.beta2 >= 1.0:
+            raise ConfigError("beta1 and beta2 must be < 1")
+        object.__setattr__(self, "eps", _float("eps", self.eps, 0.0, lo_open=True))
+        object.__setattr__(self, "grad_clip", _float("grad_clip", self.grad_clip, 0.0))
+        if self.on_nan not in ("stop", "skip"):
+            raise ConfigError(f"on_nan must be stop or skip, got {self.on_nan!r}")
+        if self.mode == "bp" and self.n_stages != 1:
+            object.__setattr__(self, "n_stages", 1)
+
+    def validate_for(self, mcfg):
+        """Checks that need both configs."""
+        seq = self.seq or mcfg.ctx
+        if seq > mcfg.ctx:
+            raise ConfigError(f"seq ({seq}) must be <= ctx ({mcfg.ctx})")
+        if self.mode != "bp" and mcfg.n_layer % self.n_stages:
+            raise ConfigError(f"n_stages ({self.n_stages}) must divide n_layer ({mcfg.n_layer})")
+        parse_stage_threads(self.stage_threads, self.n_stages)
+        return seq
+
+    def to_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def parse_stage_threads(spec, n_stages):
+    """``"auto"`` -> None; ``"2,1,1,1"`` -> [2, 1, 1, 1] (one positive int per stage)."""
+    if spec is None or str(spec).strip().lower() == "auto":
+        return None
+    parts = [p.strip() for p in str(spec).split(",") if p.strip()]
+    try:
+        groups = [int(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"stage_threads must be 'auto' or comma-separated integers, got {spec!r}") from None
+    if len(groups) == 1:
+        groups = groups * n_stages
+    if len(groups) != n_stages:
+        raise ConfigError(f"stage_threads lists {len(groups)} groups for {n_stages} stages")
+    if any(g < 1 for g in groups):
+        raise ConfigError(f"stage_threads groups must be >= 1, got {spec!r}")
+    return groups

@@ -1,0 +1,94 @@
+"""Thread-safe Numba threading layer, BLAS thread control, per-thread groups.
+
+Imported first by the package. Numba's default ``workqueue`` layer aborts the process when two Python
+threads launch ``parallel=True`` kernels at once, which the asynchronous RGC pipeline does by design, so
+we select ``omp`` (needs the system libgomp) or ``tbb`` (needs the ``tbb`` wheel) before anything is
+compiled, and refuse to run without one.
+
+BLAS is pinned to one thread: every GEMM goes through :mod:`nbrgc.kernels.gemm`, which splits the
+product over the *calling* thread's Numba group. That way ``numba.set_num_threads`` inside a stage
+worker controls all of that stage's compute, and stage groups never oversubscribe the cores through a
+shared BLAS pool.
+"""
+import ctypes
+import glob
+import os
+import sys
+
+from .errors import NbrgcError
+
+_PREFERENCE = ("omp", "tbb")
+_layer = None
+
+
+def _preload_tbb():
+    # The tbb wheel puts libtbb.so.12 in <env>/lib, which the dynamic loader does not search.
+    for root in {sys.prefix, sys.exec_prefix, os.path.dirname(os.path.dirname(sys.executable))}:
+        for path in sorted(glob.glob(os.path.join(root, "lib", "libtbb.so*"))):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                return True
+            except OSError:
+                continue
+    return False
+
+
+def select_layer():
+    """Select and launch a thread-safe Numba threading layer; return its name (idempotent)."""
+    global _layer
+    if _layer is not None:
+        return _layer
+    import numba
+    from numba.np.ufunc import parallel
+
+    wanted = os.environ.get("NBRGC_THREADING_LAYER", "").strip().lower()
+    order = (wanted,) if wanted else _PREFERENCE
+    if wanted and wanted not in _PREFERENCE:
+        raise NbrgcError(f"NBRGC_THREADING_LAYER={wanted!r}: must be one of {', '.join(_PREFERENCE)} "
+                         "(workqueue is not thread-safe)")
+    if "tbb" in order:
+        _preload_tbb()
+    numba.config.THREADING_LAYER_PRIORITY = list(order) + [l for l in ("tbb", "omp", "workqueue")
+                                                           if l not in order]
+    numba.config.THREADING_LAYER = wanted or "threadsafe"
+    try:
+        parallel._launch_threads()
+        layer = numba.threading_layer()
+    except (ValueError, OSError) as exc:
+        raise NbrgcError("no thread-safe Numba threading layer could be loaded (tried "
+                         f"{', '.join(order)}): install libgomp (apt install libgomp1) or "
+                         f"`pip install tbb` ({exc})") from None
+    if layer not in _PREFERENCE:
+        raise NbrgcError(f"Numba selected the {layer!r} threading layer, which is not thread-safe")
+    _layer = layer
+    return layer
+
+
+def limit_blas(n=1):
+    """Pin every loaded BLAS to ``n`` threads (process-wide); returns the threadpoolctl controller."""
+    from threadpoolctl import threadpool_limits
+    import scipy.linalg.cython_blas  # noqa: F401  (load SciPy's OpenBLAS so it is limited too)
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+def cpu_count():
+    """Cores this process may run on (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(n):
+    """Set the calling thread's Numba group size, clamped to what Numba launched."""
+    import numba
+    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
+def describe():
+    """One line for run logs."""
+    import numba
+    return (f"threading layer {select_layer()}, {numba.config.NUMBA_NUM_THREADS} Numba threads "
+            f"launched, {cpu_count()} cores, BLAS pinned to 1 thread (GEMMs split over Numba groups)")
