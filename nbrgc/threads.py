@@ -48,16 +48,20 @@ def select_layer():
                          "(workqueue is not thread-safe)")
     if "tbb" in order:
         _preload_tbb()
-    numba.config.THREADING_LAYER_PRIORITY = list(order) + [l for l in ("tbb", "omp", "workqueue")
-                                                           if l not in order]
-    numba.config.THREADING_LAYER = wanted or "threadsafe"
-    try:
-        parallel._launch_threads()
-        layer = numba.threading_layer()
-    except (ValueError, OSError) as exc:
+    errors = []
+    layer = None
+    for name in order:
+        numba.config.THREADING_LAYER = name
+        try:
+            parallel._launch_threads()
+            layer = numba.threading_layer()
+            break
+        except (ValueError, OSError) as exc:
+            errors.append(f"{name}: {exc}".replace("\n", " "))
+    if layer is None:
         raise NbrgcError("no thread-safe Numba threading layer could be loaded (tried "
                          f"{', '.join(order)}): install libgomp (apt install libgomp1) or "
-                         f"`pip install tbb` ({exc})") from None
+                         f"`pip install tbb` [{'; '.join(errors)}]")
     if layer not in _PREFERENCE:
         raise NbrgcError(f"Numba selected the {layer!r} threading layer, which is not thread-safe")
     _layer = layer
