@@ -1,0 +1,152 @@
+"""GEMM through SciPy's BLAS, split over the calling thread's Numba group.
+
+BLAS is pinned to one thread (see :mod:`nbrgc.threads`); parallelism comes from ``prange`` over
+row (or column) blocks, so ``numba.set_num_threads`` in a stage worker governs its GEMMs too. We call
+``?gemm`` directly rather than ``np.dot`` because it takes leading dimensions (column-sliced views
+without copies) and ``beta`` (gradient accumulation in place).
+
+The BLAS symbol is registered with LLVM by name (not embedded as an address), which keeps every
+caller cacheable with ``cache=True``.
+
+Row-major ``C = alpha * op(A) @ op(B) + beta * C`` is column-major ``C^T = op(B)^T op(A)^T``, hence
+the swapped operands in :func:`gemm`.
+"""
+import llvmlite.binding as llb
+import numpy as np
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import get_cython_function_address, intrinsic, overload
+
+for _name in ("sgemm", "dgemm"):
+    llb.add_symbol("nbrgc_" + _name, get_cython_function_address("scipy.linalg.cython_blas", _name))
+
+_sig = types.void(*([types.voidptr] * 13))
+_sgemm = types.ExternalFunction("nbrgc_sgemm", _sig)
+_dgemm = types.ExternalFunction("nbrgc_dgemm", _sig)
+
+
+@intrinsic
+def _addr_of(typingctx, val):
+    """Pointer to a stack copy of a scalar (Fortran BLAS takes every argument by reference)."""
+    def codegen(context, builder, sig, args):
+        ptr = cgutils.alloca_once_value(builder, args[0])
+        return builder.bitcast(ptr, cgutils.voidptr_t)
+    return types.voidptr(val), codegen
+
+
+@intrinsic
+def _data_ptr(typingctx, arr):
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.bitcast(a.data, cgutils.voidptr_t)
+    return types.voidptr(arr), codegen
+
+
+def _blas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # pragma: no cover - typing stub
+    raise NotImplementedError
+
+
+@overload(_blas, nogil=True)
+def _blas_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    dt = c.dtype
+    fn = _sgemm if dt == types.float32 else _dgemm
+    np_dt = np.float32 if dt == types.float32 else np.float64
+
+    def impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        fn(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k),
+           _addr_of(np_dt(alpha)), _data_ptr(a), _addr_of(lda), _data_ptr(b), _addr_of(ldb),
+           _addr_of(np_dt(beta)), _data_ptr(c), _addr_of(ldc))
+    return impl
+
+
+@njit(nogil=True, cache=True)
+def gemm(ta, tb, alpha, A, B, beta, C):
+    """Single-threaded ``C = alpha op(A) op(B) + beta C`` on row-major views with unit column stride."""
+    M, N = C.shape
+    K = A.shape[0] if ta else A.shape[1]
+    if M == 0 or N == 0:
+        return
+    if K == 0:
+        for i in range(M):
+            for j in range(N):
+                C[i, j] = beta * C[i, j] if beta != 0.0 else 0.0
+        return
+    isz = C.itemsize
+    _blas(np.uint8(84 if tb else 78), np.uint8(84 if ta else 78), np.int32(N), np.int32(M),
+          np.int32(K), alpha, B, np.int32(B.strides[0] // isz), A, np.int32(A.strides[0] // isz),
+          beta, C, np.int32(C.strides[0] // isz))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul(A, B, C, beta, nt):
+    """C = A @ B + beta C, rows of C split over ``nt`` threads."""
+    M = C.shape[0]
+    nb = max(1, min(nt, M // 16))
+    step = (M + nb - 1) // nb
+    for i in prange(nb):
+        s = i * step
+        e = min(M, s + step)
+        if s < e:
+            gemm(False, False, 1.0, A[s:e], B, beta, C[s:e])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_nt(A, B, C, beta, nt):
+    """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows split over threads."""
+    M = C.shape[0]
+    nb = max(1, min(nt, M // 16))
+    step = (M + nb - 1) // nb
+    for i in prange(nb):
+        s = i * step
+        e = min(M, s + step)
+        if s < e:
+            gemm(False, True, 1.0, A[s:e], B, beta, C[s:e])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_tn(A, B, C, beta, nt):
+    """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows of C split over threads."""
+    K = C.shape[0]
+    nb = max(1, min(nt, K // 8))
+    step = (K + nb - 1) // nb
+    for i in prange(nb):
+        s = i * step
+        e = min(K, s + step)
+        if s < e:
+            gemm(True, False, 1.0, A[:, s:e], B, beta, C[s:e])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def add_bias(Y, b):
+    for i in prange(Y.shape[0]):
+        for j in range(Y.shape[1]):
+            Y[i, j] += b[j]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def colsum_acc(dY, db, nt):
+    """db += sum over rows of dY, split over column blocks (no write races, rows read contiguously)."""
+    N, M = dY.shape
+    nb = max(1, min(nt, M // 16))
+    step = (M + nb - 1) // nb
+    for i in prange(nb):
+        s = i * step
+        e = min(M, s + step)
+        for r in range(N):
+            for j in range(s, e):
+                db[j] += dY[r, j]
+
+
+@njit(nogil=True, cache=True)
+def linear_fwd(X, W, b, Y, nt):
+    """Y = X @ W + b."""
+    matmul(X, W, Y, 0.0, nt)
+    add_bias(Y, b)
+
+
+@njit(nogil=True, cache=True)
+def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta):
+    """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX."""
+    matmul_tn(X, dY, dW, 1.0, nt)
+    colsum_acc(dY, db, nt)
+    matmul_nt(dY, W, dX, dx_beta, nt)

@@ -1,0 +1,49 @@
+"""Softmax cross-entropy over byte logits, fused with its gradient (written over the logits)."""
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def xent_fwd_bwd(logits, targets, losses, scale):
+    """Row losses into ``losses``; logits <- scale * (softmax - onehot). Returns the sum of losses."""
+    N, V = logits.shape
+    for i in prange(N):
+        t = targets[i]
+        lt = logits[i, t]
+        m = logits[i, 0]
+        for j in range(1, V):
+            if logits[i, j] > m:
+                m = logits[i, j]
+        s = 0.0
+        for j in range(V):
+            e = np.exp(logits[i, j] - m)
+            logits[i, j] = e
+            s += e
+        losses[i] = np.log(s) + m - lt
+        inv = 1.0 / s
+        for j in range(V):
+            logits[i, j] *= inv * scale
+        logits[i, t] -= scale
+    tot = 0.0
+    for i in range(N):
+        tot += losses[i]
+    return tot
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def xent_fwd(logits, targets, losses):
+    """Row losses only (evaluation); logits are left untouched. Returns the sum."""
+    N, V = logits.shape
+    for i in prange(N):
+        m = logits[i, 0]
+        for j in range(1, V):
+            if logits[i, j] > m:
+                m = logits[i, j]
+        s = 0.0
+        for j in range(V):
+            s += np.exp(logits[i, j] - m)
+        losses[i] = np.log(s) + m - logits[i, targets[i]]
+    tot = 0.0
+    for i in range(N):
+        tot += losses[i]
+    return tot
