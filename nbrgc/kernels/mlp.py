@@ -1,37 +1,57 @@
-"""Bias + GELU (tanh approximation), fused; the backward recomputes tanh instead of storing it."""
+"""Bias + GELU (tanh approximation), fused; the backward recomputes the activation instead of storing it.
+
+0.5 x (1 + tanh(u)) is evaluated as x * sigmoid(2u), the same function: one ``exp`` instead of a
+``tanh`` is about three times faster here (neither vectorises without SVML). The argument is clamped
+where sigmoid is already 0 or 1 to the last bit, so ``exp`` never overflows.
+"""
 import numpy as np
 from numba import njit, prange
 
-_C = np.sqrt(2.0 / np.pi)
-_A = 0.044715
+_C2 = np.float32(2.0 * np.sqrt(2.0 / np.pi))
+_A = np.float32(0.044715)
+_A3 = np.float32(3.0 * 0.044715)
+_LIM = np.float32(40.0)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(nogil=True, inline="always", cache=True)
+def _sig2u(x):
+    u = _C2 * (x + _A * x * x * x)
+    u = min(max(u, -_LIM), _LIM)
+    return 1.0 / (1.0 + np.exp(-u))
+
+
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def bias_gelu_fwd(pre, b, out):
     """pre += b (kept for the backward), out = gelu(pre)."""
     N, M = pre.shape
     for i in prange(N):
+        p = pre[i]
+        o = out[i]
         for j in range(M):
-            x = pre[i, j] + b[j]
-            pre[i, j] = x
-            out[i, j] = 0.5 * x * (1.0 + np.tanh(_C * (x + _A * x * x * x)))
+            x = p[j] + b[j]
+            p[j] = x
+            o[j] = x * _sig2u(x)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def gelu_fwd(pre, out):
     N, M = pre.shape
     for i in prange(N):
+        p = pre[i]
+        o = out[i]
         for j in range(M):
-            x = pre[i, j]
-            out[i, j] = 0.5 * x * (1.0 + np.tanh(_C * (x + _A * x * x * x)))
+            x = p[j]
+            o[j] = x * _sig2u(x)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, fastmath=True, cache=True)
 def gelu_bwd(pre, dg):
     """dg <- dg * gelu'(pre), in place."""
     N, M = pre.shape
     for i in prange(N):
+        p = pre[i]
+        g = dg[i]
         for j in range(M):
-            x = pre[i, j]
-            t = np.tanh(_C * (x + _A * x * x * x))
-            dg[i, j] *= 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _C * (1.0 + 3.0 * _A * x * x)
+            x = p[j]
+            s = _sig2u(x)
+            g[j] *= s + x * s * (1.0 - s) * _C2 * (1.0 + _A3 * x * x)
