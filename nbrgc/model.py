@@ -79,10 +79,11 @@ class Workspace:
         self.qkv, self.atty, self.x2, self.pre = e(n, N, 3 * d), e(n, N, d), e(n, N, d), e(n, N, 4 * d)
         self.probs = e(n, B, H, T, T)
         k = 1 if n else 0  # scratch is only needed when there are blocks
-        self.ln, self.g, self.dg = e(N, d), e(k * N, 4 * d), e(k * N, 4 * d)
-        self.datt, self.dqkv, self.dP = e(k * N, d), e(k * N, 3 * d), e(k * B, H, T, T)
+        nt = max(1, numba.config.NUMBA_NUM_THREADS)
+        self.ln, self.g = e(N, d), e(k * N, 4 * d)
+        self.datt, self.dqkv, self.dP = e(k * N, d), e(k * N, 3 * d), e(k * min(nt, B * H), T, T)
         self.dcur = e(N, d)
-        self.partial = e(max(1, numba.config.NUMBA_NUM_THREADS), 2, d)
+        self.partial = e(nt, 2, d)
         self.tokens = np.zeros((B, T), np.int32)
         if decoder:
             self.lnf, self.mf, self.rf = e(N, d), e(N), e(N)
@@ -189,28 +190,31 @@ class Model:
             ws.dcur[...] = dh_out
         blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
                    ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
-                   ws.dg, ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads())
+                   ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads())
         return ws.dcur
 
     def decoder_params(self):
         lo, hi = self.layout.decoder_range
         return self.flat[lo:hi]
 
-    def decoder_loss_and_grad(self, h, y, ws, gdec=None):
+    def decoder_loss_and_grad(self, h, y, ws, gdec=None, pdec=None):
         """Mean next-byte loss of the shared decoder on ``h``; accumulates decoder gradients into
-        ``gdec`` (flat decoder slice; default the model's) and returns (loss, dL/dh in ws.dh)."""
+        ``gdec`` (flat decoder slice; default the model's) and returns (loss, dL/dh in ws.dh).
+        ``pdec`` reads the decoder from another copy (the asynchronous pipeline's versions)."""
         lo, hi = self.layout.decoder_range
         gdec = self.grad_flat[lo:hi] if gdec is None else gdec
+        pdec = self.flat[lo:hi] if pdec is None else pdec
         ws.targets[...] = np.asarray(y).reshape(-1)
         n = ws.targets.shape[0]
-        tot = decoder_fwd_bwd(self.flat[lo:hi], gdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits,
+        tot = decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits,
                               ws.losses, ws.dh, ws.partial, 1.0 / n, _threads())
         return tot / n, ws.dh
 
-    def decoder_loss(self, h, y, ws):
+    def decoder_loss(self, h, y, ws, pdec=None):
         lo, hi = self.layout.decoder_range
+        pdec = self.flat[lo:hi] if pdec is None else pdec
         ws.targets[...] = np.asarray(y).reshape(-1)
-        tot = decoder_fwd(self.flat[lo:hi], h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits, ws.losses,
+        tot = decoder_fwd(pdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits, ws.losses,
                           _threads())
         return tot / ws.targets.shape[0]
 

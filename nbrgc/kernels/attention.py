@@ -45,35 +45,37 @@ def attention_fwd(qkv, B, T, H, probs, y):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def attention_bwd(dy, qkv, B, T, H, probs, dP, dqkv):
-    """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``dP`` is scratch shaped like ``probs``."""
+def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
+    """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is consumed (overwritten by the score
+    gradients); ``scratch`` (>= 1, T, T) gives each parallel chunk its own dP buffer."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
-    for bh in prange(B * H):
-        b = bh // H
-        h = bh % H
-        rows = qkv[b * T:(b + 1) * T]
-        q = rows[:, h * hd:(h + 1) * hd]
-        k = rows[:, d + h * hd:d + (h + 1) * hd]
-        v = rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
-        drows = dqkv[b * T:(b + 1) * T]
-        dq = drows[:, h * hd:(h + 1) * hd]
-        dk = drows[:, d + h * hd:d + (h + 1) * hd]
-        dv = drows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
-        dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-        P = probs[b, h]
-        G = dP[b, h]
-        gemm(False, True, 1.0, dyh, v, 0.0, G)
-        gemm(True, False, 1.0, P, dyh, 0.0, dv)
-        # softmax backward: dS = P * (dP - sum_j dP*P), restricted to the causal prefix
-        for i in range(T):
-            s = 0.0
-            for j in range(i + 1):
-                s += G[i, j] * P[i, j]
-            for j in range(i + 1):
-                G[i, j] = P[i, j] * (G[i, j] - s)
-            for j in range(i + 1, T):
-                G[i, j] = 0.0
-        gemm(False, False, scale, G, k, 0.0, dq)
-        gemm(True, False, scale, G, q, 0.0, dk)
+    nb = max(1, min(scratch.shape[0], B * H))
+    step = (B * H + nb - 1) // nb
+    for blk in prange(nb):
+        G = scratch[blk]
+        for bh in range(blk * step, min(B * H, (blk + 1) * step)):
+            b = bh // H
+            h = bh % H
+            rows = qkv[b * T:(b + 1) * T]
+            q = rows[:, h * hd:(h + 1) * hd]
+            k = rows[:, d + h * hd:d + (h + 1) * hd]
+            v = rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
+            drows = dqkv[b * T:(b + 1) * T]
+            dq = drows[:, h * hd:(h + 1) * hd]
+            dk = drows[:, d + h * hd:d + (h + 1) * hd]
+            dv = drows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
+            dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
+            P = probs[b, h]
+            gemm(False, True, 1.0, dyh, v, 0.0, G)
+            gemm(True, False, 1.0, P, dyh, 0.0, dv)
+            # softmax backward, dS = P * (dP - sum_j dP*P), written over P (no longer needed)
+            for i in range(T):
+                s = 0.0
+                for j in range(i + 1):
+                    s += G[i, j] * P[i, j]
+                for j in range(i + 1):
+                    P[i, j] = P[i, j] * (G[i, j] - s)
+            gemm(False, False, scale, P, k, 0.0, dq)
+            gemm(True, False, scale, P, q, 0.0, dk)

@@ -58,10 +58,12 @@ def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, 
 
 @njit(nogil=True, cache=True)
 def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre,
-               ln, g, dg, datt, dqkv, dP, partial, dcur, nt):
+               ln, g, datt, dqkv, dP, partial, dcur, nt):
     """``dcur`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of block lo).
 
-    Parameter gradients are accumulated (+=) into ``G`` at the same offsets as in ``P``.
+    Parameter gradients are accumulated (+=) into ``G`` at the same offsets as in ``P``. Consumes the
+    saved attention probabilities (a second backward needs a new forward). Where a product's input is
+    dead once its weight gradient is formed, its data gradient is written over it (g, ln).
     """
     d = res.shape[2]
     for l in range(hi - 1, lo - 1, -1):
@@ -69,11 +71,11 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
         o = offs[l]
         # MLP: out = x2 + gelu(ln2(x2) @ w1 + b1) @ w2 + b2
         gelu_fwd(pre[i], g)
-        linear_bwd(g, _mat(P, o[10], 4 * d, d), dcur, dg, _mat(G, o[10], 4 * d, d),
+        linear_bwd(g, _mat(P, o[10], 4 * d, d), dcur, g, _mat(G, o[10], 4 * d, d),
                    _vec(G, o[11], d), nt, 0.0)
-        gelu_bwd(pre[i], dg)
+        gelu_bwd(pre[i], g)
         layernorm_apply(x2[i], _vec(P, o[6], d), _vec(P, o[7], d), m2[i], r2[i], ln)
-        linear_bwd(ln, _mat(P, o[8], d, 4 * d), dg, ln, _mat(G, o[8], d, 4 * d),
+        linear_bwd(ln, _mat(P, o[8], d, 4 * d), g, ln, _mat(G, o[8], d, 4 * d),
                    _vec(G, o[9], 4 * d), nt, 0.0)
         layernorm_bwd(ln, x2[i], _vec(P, o[6], d), m2[i], r2[i], dcur, _vec(G, o[6], d),
                       _vec(G, o[7], d), partial, nt, 1.0)

@@ -1,0 +1,1 @@
+"""Numba kernels (nogil, thread-safe building blocks) used by nbrgc."""

@@ -1,0 +1,55 @@
+"""AdamW over slices of the flat buffers, gradient-norm clipping and the learning-rate schedule.
+
+The moments live in two flat arrays shaped like the parameters, so the optimizer state of every mode
+is the same two arrays in a checkpoint. A :class:`AdamW` updates one contiguous slice [lo, hi): BP
+uses one over everything; RGC uses one per stage plus one for the shared decoder, each with its own
+step count (asynchronous stages advance independently).
+"""
+import math
+
+import numpy as np
+
+from .kernels.adamw import adamw_update, sumsq
+
+
+class AdamW:
+    def __init__(self, P, G, M, V, decay_mask, lo, hi, beta1=0.9, beta2=0.95, eps=1e-8,
+                 weight_decay=0.1):
+        self.P, self.G, self.M, self.V = P[lo:hi], G[lo:hi], M[lo:hi], V[lo:hi]
+        self.mask = decay_mask[lo:hi]
+        self.lo, self.hi = lo, hi
+        self.beta1, self.beta2, self.eps, self.wd = beta1, beta2, eps, weight_decay
+        self.t = 0
+
+    def step(self, lr, gscale=1.0, P=None, G=None):
+        """One update of P (default: this slice of the model) with gradients G scaled by gscale."""
+        self.t += 1
+        adamw_update(self.P if P is None else P, self.G if G is None else G, self.M, self.V,
+                     self.mask, lr, self.beta1, self.beta2, self.eps, self.wd, self.t, gscale)
+
+
+def grad_sumsq(G):
+    return float(sumsq(G))
+
+
+def clip_scale(sq, max_norm):
+    """Scale factor for a gradient with squared norm ``sq`` (1 when clipping is off or not needed)."""
+    norm = math.sqrt(sq)
+    if max_norm > 0 and norm > max_norm:
+        return max_norm / (norm + 1e-6), norm
+    return 1.0, norm
+
+
+def lr_at(step, tc):
+    """Linear warm-up over ``tc.warmup`` steps, then cosine decay to ``lr * min_lr_frac`` at
+    ``tc.steps`` (0-based step)."""
+    if tc.warmup and step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    span = max(1, tc.steps - tc.warmup)
+    progress = min(1.0, (step - tc.warmup) / span)
+    floor = tc.lr * tc.min_lr_frac
+    return floor + 0.5 * (tc.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def new_state(size, dtype=np.float32):
+    return np.zeros(size, dtype), np.zeros(size, dtype)
