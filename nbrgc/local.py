@@ -1,0 +1,107 @@
+"""Bounded-horizon local training: the stage split, the Readout-Gradient-Consensus (RGC) buffer and the
+reference ``local_loss_and_grad``.
+
+Stage k owns a contiguous run of blocks (stage 0 also the embeddings). Its input is a constant (no
+gradient crosses a stage boundary); it learns only from its own loss L_k = CE(head(lnf(h_k)), y)
+read out through the ONE decoder all stages share. Each stage's gradient of that decoder is posted
+into the RGC buffer; the decoder is updated with their average once all K have posted.
+"""
+import numpy as np
+
+from .errors import ConfigError
+from .kernels.adamw import sumsq
+
+
+def split_stages(n_layer, n_stages):
+    """[(lo, hi), ...] block ranges of K equal contiguous stages."""
+    if isinstance(n_stages, bool) or not isinstance(n_stages, (int, np.integer)) or n_stages < 1:
+        raise ConfigError(f"n_stages must be a positive integer, got {n_stages!r}")
+    if n_layer % n_stages:
+        raise ConfigError(f"n_stages ({n_stages}) must divide n_layer ({n_layer})")
+    per = n_layer // n_stages
+    return [(k * per, (k + 1) * per) for k in range(n_stages)]
+
+
+def stage_param_ranges(layout, stages):
+    """Flat (start, stop) of each stage's parameters: its blocks, and for stage 0 the embeddings."""
+    ranges = []
+    for k, (lo, hi) in enumerate(stages):
+        start, stop = layout.block_range(lo, hi)
+        ranges.append((0 if k == 0 else start, stop))
+    return ranges
+
+
+class RGCBuffer:
+    """K decoder-gradient slots per round for ``n_rounds`` rounds in flight, and one int64 counter per
+    round, incremented with a hardware fetch-and-add; the poster that brings it to K closes the round.
+    Slots (not a running sum) keep the average bitwise independent of the order of arrival."""
+
+    def __init__(self, n_stages, dec_size, dtype, n_rounds=1):
+        self.K = n_stages
+        self.slots = np.zeros((n_rounds, n_stages, dec_size), dtype)
+        self.counters = np.zeros(n_rounds, np.int64)
+        self.mean = np.zeros(dec_size, dtype)
+
+    def slot(self, t, k):
+        return self.slots[t % self.slots.shape[0], k]
+
+    def post(self, t, k):
+        """Count stage k's post for round t; True for the poster that completes the round."""
+        from .kernels.atomics import fetch_add
+        return fetch_add(self.counters, t % self.counters.shape[0], 1) == self.K - 1
+
+    def close(self, t):
+        """Average the round's slots (in stage order) into ``self.mean`` and reset its counter."""
+        from .kernels.atomics import store
+        r = t % self.counters.shape[0]
+        _mean_rows(self.slots[r], self.mean)
+        store(self.counters, r, 0)
+        return self.mean
+
+    def nbytes(self):
+        return self.slots.nbytes + self.counters.nbytes + self.mean.nbytes
+
+
+def _mean_rows(rows, out):
+    K = rows.shape[0]
+    out[...] = rows[0]
+    for k in range(1, K):
+        out += rows[k]
+    if K > 1:
+        out *= 1.0 / K
+
+
+def local_loss_and_grad(model, x, y, n_stages=4):
+    """Losses of every stage and the bounded-horizon gradients.
+
+    Returns (losses, grads): ``losses[k]`` is stage k's local loss (the last one is the full network's),
+    ``grads[name]`` views of ``model.grad_flat``: block and embedding gradients from their own stage's
+    loss only, decoder gradients the RGC average over stages. With n_stages=1 this is exactly
+    ``model.loss_and_grad``.
+    """
+    x, y = model._check_xy(x, y)
+    stages = split_stages(model.cfg.n_layer, n_stages)
+    B, T = x.shape
+    per = stages[0][1] - stages[0][0]
+    ws = model.workspace(B, T, 0, per)
+    lo_d, hi_d = model.layout.decoder_range
+    rgc = RGCBuffer(len(stages), hi_d - lo_d, model.dtype)
+    model.grad_flat[...] = 0.0
+    losses = []
+    h = model.embed(x, ws)
+    for k, (lo, hi) in enumerate(stages):
+        out = model.forward_blocks(h, lo, hi, ws)
+        loss, dh = model.decoder_loss_and_grad(out, y, ws, gdec=rgc.slot(0, k))
+        losses.append(float(loss))
+        # the next stage's input, taken before this stage's buffers are reused
+        h = out.copy() if k + 1 < len(stages) else None
+        dx = model.backward_blocks(dh, lo, hi, ws)
+        if k == 0:
+            model.embed_backward(ws, dx)
+    model.grad_flat[lo_d:hi_d] = rgc.close(0)
+    return losses, model.grads
+
+
+def stage_sumsq(G, lo, hi, gdec):
+    """Squared norm of one stage's gradient: its parameters plus its own decoder contribution."""
+    return float(sumsq(G[lo:hi])) + float(sumsq(gdec))

@@ -1,0 +1,61 @@
+"""What every scheme shares: optimizer state arrays, divergence handling, state (de)serialisation."""
+import math
+
+import numpy as np
+
+from ..errors import DivergenceError
+from ..optim import AdamW
+
+
+class SchemeBase:
+    def __init__(self, model, tc):
+        self.model, self.tc = model, tc
+        self.M = np.zeros(model.layout.size, model.dtype)
+        self.V = np.zeros(model.layout.size, model.dtype)
+        self.done = []
+
+    def _adamw(self, lo, hi):
+        tc, m = self.tc, self.model
+        return AdamW(m.flat, m.grad_flat, self.M, self.V, m.decay_mask, lo, hi, tc.beta1, tc.beta2,
+                     tc.eps, tc.weight_decay)
+
+    def check_finite(self, step, sq, loss, where):
+        """False when the step must be skipped; raises under --on-nan stop."""
+        if math.isfinite(sq) and math.isfinite(loss):
+            return True
+        what = "loss" if not math.isfinite(loss) else "gradient"
+        if self.tc.on_nan == "skip":
+            return False
+        raise DivergenceError(f"non-finite {what} at step {step} ({where}); parameters left at the "
+                              "last good step (use --on-nan skip to skip such steps)")
+
+    # synchronous schemes finish inside submit
+    def poll(self):
+        out, self.done = self.done, []
+        return out
+
+    def drain(self):
+        return self.poll()
+
+    def close(self):
+        pass
+
+    def optimizers(self):
+        raise NotImplementedError
+
+    def state(self):
+        arrays = {"adam_m": self.M, "adam_v": self.V}
+        meta = {"opt_steps": [o.t for o in self.optimizers()]}
+        return arrays, meta
+
+    def load_state(self, arrays, meta):
+        self.M[...] = arrays["adam_m"]
+        self.V[...] = arrays["adam_v"]
+        steps = meta["opt_steps"]
+        opts = self.optimizers()
+        if len(steps) != len(opts):
+            from ..errors import CheckpointError
+            raise CheckpointError(f"checkpoint has {len(steps)} optimizer groups, this mode needs "
+                                  f"{len(opts)} (resume with the same --mode and --n-stages)")
+        for o, t in zip(opts, steps):
+            o.t = int(t)

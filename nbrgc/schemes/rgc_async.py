@@ -1,0 +1,331 @@
+"""Asynchronous RGC: one Python worker thread per stage, each running nogil Numba code with its own
+thread group, stage k on micro-batch t while stage k+1 works on t-1.
+
+Hand-offs and bounds (all buffers preallocated once, sized by the staleness bound S):
+
+* activations: stage k writes its output for step t into ring slot t mod R of boundary k (R = S + 1);
+  stage k+1 copies it into its own workspace and frees the slot (``produced``/``consumed`` counts).
+* targets and learning rates ride in a ring of S + 2 entries written by stage 0.
+* decoder: S + 2 versions; version v is the decoder after v consensus rounds. Step t of every stage
+  reads version max(0, t - S) and may start only once it exists, so no stage runs more than S steps
+  ahead of the slowest, and the run is deterministic whatever the timing. S = 0 is exactly rgc-sync.
+* RGC rounds: S + 1 rounds in flight, K slots each, one atomic counter per round; the stage whose
+  fetch-and-add brings it to K averages the slots, applies the decoder's AdamW into the next version
+  and publishes it (after the previous round's version: rounds close in order).
+
+Waiting uses one Condition with short timeouts, so a failing stage stops every other promptly.
+"""
+import queue
+import threading
+import time
+
+import numpy as np
+
+from ..config import parse_stage_threads
+from ..errors import NbrgcError, StageError
+from ..kernels.atomics import fetch_add
+from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
+from ..optim import clip_scale
+from ..threads import cpu_count, set_threads
+from . import StepResult
+from .common import SchemeBase
+
+_WAIT = 0.05
+
+
+class _Stopped(Exception):
+    pass
+
+
+def auto_groups(n_stages, budget):
+    """Split a thread budget over stages: at least one thread each, the remainder to the front
+    stages (stage 0 also embeds, and every stage runs the same number of blocks)."""
+    base, extra = divmod(max(budget, n_stages), n_stages)
+    return [base + (1 if k < extra else 0) for k in range(n_stages)]
+
+
+class RGCAsync(SchemeBase):
+    def __init__(self, model, tc, fault_hook=None, log=None, **_):
+        super().__init__(model, tc)
+        self.K = tc.n_stages
+        self.S = tc.max_staleness
+        self.stages = split_stages(model.cfg.n_layer, self.K)
+        self.ranges = stage_param_ranges(model.layout, self.stages)
+        self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
+        self.dec_lo, self.dec_hi = model.layout.decoder_range
+        self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
+        budget = tc.threads or cpu_count()
+        self.groups = parse_stage_threads(tc.stage_threads, self.K) or auto_groups(self.K, budget)
+        self.fault_hook = fault_hook
+        self.log = log or (lambda msg: None)
+        self._buffers = None
+        self._threads = []
+        self.cond = threading.Condition()
+        self.error = None
+        self.stop = False
+        self.submitted = 0
+        self.next_result = 0
+        self.version = 0             # decoder versions published (rounds closed)
+        self.started_at = 0          # the step the current run of workers started from
+        self.results = queue.Queue()
+
+    def optimizers(self):
+        return self.opts + [self.opt_dec]
+
+    # ------------------------------------------------------------------ buffers
+    def _alloc(self, B, T):
+        m, S, K = self.model, self.S, self.K
+        d = m.cfg.d_model
+        per = self.stages[0][1] - self.stages[0][0]
+        dec = self.dec_hi - self.dec_lo
+        b = {}
+        b["ws"] = [m.workspace(B, T, 0, per) for _ in range(K)]
+        b["ring"] = np.zeros((max(K - 1, 1), S + 1, B * T, d), m.dtype)
+        b["produced"] = np.zeros(max(K - 1, 1), np.int64)
+        b["consumed"] = np.zeros(max(K - 1, 1), np.int64)
+        b["tokens"] = np.zeros((S + 2, B, T), np.int32)
+        b["targets"] = np.zeros((S + 2, B, T), np.int32)
+        b["lr"] = np.zeros(S + 2)
+        b["losses"] = np.zeros((S + 1, K))
+        b["norms"] = np.zeros((S + 1, K))
+        b["skipped"] = np.zeros((S + 1, K), np.bool_)
+        b["versions"] = np.zeros((S + 2, dec), m.dtype)
+        b["rgc"] = RGCBuffer(K, dec, m.dtype, n_rounds=S + 1)
+        b["shape"] = (B, T)
+        self._buffers = b
+        self.log(f"rgc-async buffers: {self.buffer_bytes() / 2**20:.1f} MiB (ring "
+                 f"{b['ring'].nbytes / 2**20:.1f} MiB, decoder versions "
+                 f"{b['versions'].nbytes / 2**20:.2f} MiB, RGC slots {b['rgc'].nbytes() / 2**20:.2f} MiB, "
+                 f"stage workspaces {sum(w.nbytes() for w in b['ws']) / 2**20:.1f} MiB)")
+
+    def buffer_bytes(self):
+        b = self._buffers
+        if b is None:
+            return 0
+        return (sum(w.nbytes() for w in b["ws"]) + b["ring"].nbytes + b["versions"].nbytes
+                + b["rgc"].nbytes() + b["tokens"].nbytes + b["targets"].nbytes)
+
+    # ------------------------------------------------------------------ control
+    def _start(self, step0, B, T):
+        if self._buffers is None or self._buffers["shape"] != (B, T):
+            self._alloc(B, T)
+        b = self._buffers
+        S = self.S
+        # A fresh run of workers (the first, or after a drain for evaluation or a checkpoint) starts
+        # from the model's current decoder as version step0. Drains happen at the same steps in a
+        # resumed run, so resuming from a checkpoint repeats the uninterrupted run.
+        self.started_at = step0
+        self.version = step0
+        # steps t < step0 + S read version step0 (the decoder the workers start from)
+        b["versions"][:] = self.model.flat[self.dec_lo:self.dec_hi]
+        b["produced"][:] = step0
+        b["consumed"][:] = step0
+        b["rgc"].counters[:] = 0
+        self.submitted = self.next_result = step0
+        self.stop, self.error = False, None
+        self._inq = queue.Queue(maxsize=S + 1)
+        self._threads = [threading.Thread(target=self._worker, args=(k,), name=f"nbrgc-stage-{k}",
+                                          daemon=True) for k in range(self.K)]
+        for th in self._threads:
+            th.start()
+
+    def submit(self, step, x, y, lr):
+        x, y = self.model._check_xy(x, y)
+        if not self._threads:
+            self._start(step, *x.shape)
+        if step != self.submitted:
+            raise NbrgcError(f"rgc-async expected step {self.submitted}, got {step}")
+        while True:
+            self._raise_if_failed()
+            try:
+                self._inq.put((step, x, y, lr), timeout=_WAIT)
+                break
+            except queue.Full:
+                continue
+        self.submitted += 1
+
+    def poll(self):
+        out = []
+        while True:
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                break
+        self._raise_if_failed()
+        return out
+
+    def drain(self):
+        """Wait for every submitted step, stop the workers, publish the newest decoder to the model."""
+        out = []
+        while self.next_result < self.submitted:
+            self._raise_if_failed()
+            try:
+                res = self.results.get(timeout=_WAIT)
+            except queue.Empty:
+                continue
+            out.append(res)
+            self.next_result = res.step + 1
+        self._shutdown()
+        self._raise_if_failed()
+        if self._buffers is not None and self.submitted > self.started_at:
+            self._publish_decoder()
+        return out
+
+    def _publish_decoder(self):
+        b = self._buffers
+        self.model.flat[self.dec_lo:self.dec_hi] = b["versions"][self.version % (self.S + 2)]
+
+    def close(self):
+        self._shutdown()
+
+    def _shutdown(self):
+        with self.cond:
+            self.stop = True
+            self.cond.notify_all()
+        deadline = time.monotonic() + 10.0
+        for th in self._threads:
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
+        alive = [th.name for th in self._threads if th.is_alive()]
+        self._threads = []
+        if alive:  # pragma: no cover - a kernel that never returns
+            raise NbrgcError(f"rgc-async workers did not stop: {', '.join(alive)}")
+
+    def _raise_if_failed(self):
+        if self.error is not None:
+            k, exc = self.error
+            self.error = None
+            self._shutdown()
+            if isinstance(exc, NbrgcError) and not isinstance(exc, StageError):
+                raise StageError(k, exc) from exc
+            raise StageError(k, exc) from exc
+
+    def _wait(self, pred):
+        with self.cond:
+            while not pred():
+                if self.stop:
+                    raise _Stopped
+                self.cond.wait(_WAIT)
+            if self.stop:
+                raise _Stopped
+
+    def _notify(self):
+        with self.cond:
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------------ the stage loop
+    def _worker(self, k):
+        try:
+            set_threads(self.groups[k])
+            t = self.started_at
+            while True:
+                if not self._stage_step(k, t):
+                    return
+                t += 1
+        except _Stopped:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread with the stage named
+            with self.cond:
+                if self.error is None:
+                    self.error = (k, exc)
+                self.stop = True
+                self.cond.notify_all()
+
+    def _stage_step(self, k, t):
+        m, b, S, K, tc = self.model, self._buffers, self.S, self.K, self.tc
+        ws = b["ws"][k]
+        lo, hi = self.stages[k]
+        plo, phi = self.ranges[k]
+        slot_t = t % (S + 2)
+        # 1. input: a micro-batch (stage 0) or the previous stage's activations for step t
+        if k == 0:
+            while True:
+                if self.stop:
+                    raise _Stopped
+                try:
+                    step, x, y, lr = self._inq.get(timeout=_WAIT)
+                    break
+                except queue.Empty:
+                    continue
+            assert step == t
+            b["tokens"][slot_t] = x
+            b["targets"][slot_t] = y
+            b["lr"][slot_t] = lr
+            h = m.embed(b["tokens"][slot_t], ws)
+        else:
+            prod, cons = b["produced"], b["consumed"]
+            self._wait(lambda: prod[k - 1] > t)
+            ws.res[0][...] = b["ring"][k - 1, t % (S + 1)]
+            with self.cond:
+                cons[k - 1] = t + 1
+                self.cond.notify_all()
+            h = ws.res[0]
+        if self.fault_hook is not None:
+            self.fault_hook(k, t)
+        # 2. the decoder version this step reads
+        v = max(self.started_at, t - S)
+        self._wait(lambda: self.version >= v)
+        pdec = b["versions"][v % (S + 2)]
+        y = b["targets"][slot_t]
+        lr = float(b["lr"][slot_t])
+        # 3. forward, then hand the output on before the loss and backward
+        out = m.forward_blocks(h, lo, hi, ws)
+        if k + 1 < K:
+            prod, cons = b["produced"], b["consumed"]
+            self._wait(lambda: prod[k] - cons[k] < S + 1)
+            b["ring"][k, t % (S + 1)] = out
+            with self.cond:
+                prod[k] = t + 1
+                self.cond.notify_all()
+        # 4. local loss through the shared decoder, backward within the stage, own update
+        rgc = b["rgc"]
+        slot = rgc.slot(t, k)
+        slot[...] = 0.0
+        G = m.grad_flat
+        G[plo:phi] = 0.0
+        loss, dh = m.decoder_loss_and_grad(out, y, ws, gdec=slot, pdec=pdec)
+        dx = m.backward_blocks(dh, lo, hi, ws)
+        if k == 0:
+            m.embed_backward(ws, dx)
+        sq = stage_sumsq(G, plo, phi, slot)
+        r = t % (S + 1)
+        if self.check_finite(t, sq, loss, f"stage {k}"):
+            scale, norm = clip_scale(sq, tc.grad_clip)
+            self.opts[k].step(lr, scale)
+            if scale != 1.0:
+                slot *= scale
+            b["skipped"][r, k] = False
+        else:
+            norm = float("nan")
+            slot[...] = 0.0
+            b["skipped"][r, k] = True
+        b["losses"][r, k] = loss
+        b["norms"][r, k] = norm
+        # 5. post; the last poster closes the round
+        if fetch_add(rgc.counters, r, 1) == K - 1:
+            self._close_round(t, lr)
+        return True
+
+    def _close_round(self, t, lr):
+        b, S = self._buffers, self.S
+        self._wait(lambda: self.version >= t)  # round t-1 published first: rounds close in order
+        rgc = b["rgc"]
+        r = t % (S + 1)
+        mean = rgc.close(t)
+        new = b["versions"][(t + 1) % (S + 2)]
+        new[...] = b["versions"][t % (S + 2)]
+        losses = [float(v) for v in b["losses"][r]]
+        norms = b["norms"][r]
+        skipped = bool(b["skipped"][r].any())
+        self.opt_dec.step(lr, 1.0, P=new, G=mean)
+        res = StepResult(t, losses[-1], losses, float(np.nanmax(norms)) if not skipped else float("nan"),
+                         skipped)
+        with self.cond:
+            self.version = t + 1
+            self.cond.notify_all()
+        self.results.put(res)
+
+    # ------------------------------------------------------------------ state
+    def state(self):
+        arrays, meta = super().state()
+        meta["decoder_version"] = self.version
+        return arrays, meta
