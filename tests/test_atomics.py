@@ -1,0 +1,191 @@
+import threading
+import time
+
+import nbrgc  # noqa: F401  (selects the thread-safe threading layer before anything compiles)
+import numba
+import numpy as np
+import pytest
+
+from nbrgc.kernels import atomics as A
+from nbrgc.kernels.atomics import atomic_add, atomic_cas, atomic_load, atomic_store
+
+
+@numba.njit(nogil=True)
+def _atomic_incr(arr, m):
+    for _ in range(m):
+        atomic_add(arr, 0, 1)
+
+
+@numba.njit(nogil=True)
+def _plain_incr(arr, m):
+    # the atomic load of arr[1] keeps LLVM from folding the loop into a single `arr[0] += m`
+    for _ in range(m):
+        arr[0] += 1
+        atomic_load(arr, 1)
+
+
+@numba.njit(nogil=True)
+def _collect_olds(arr, out):
+    for i in range(out.size):
+        out[i] = atomic_add(arr, 0, 1)
+
+
+@numba.njit(nogil=True)
+def _cas_incr(arr, m):
+    # increment via a CAS retry loop: lock-free read-modify-write built from atomic_cas
+    for _ in range(m):
+        while True:
+            cur = atomic_load(arr, 0)
+            if atomic_cas(arr, 0, cur, cur + 1) == cur:
+                break
+
+
+@numba.njit(nogil=True)
+def _post(counter, round_no, k, rnd):
+    """Post once to round ``rnd``; the poster that brings the counter to k closes the round (resets
+    the counter, opens the next round) and returns True."""
+    if atomic_add(counter, 0, 1) == k - 1:
+        atomic_store(counter, 0, 0)
+        atomic_store(round_no, 0, rnd + 1)
+        return True
+    return False
+
+
+def _stage_thread(counter, round_no, k, r, wins):
+    for rnd in range(r):
+        # wait (briefly spinning in nogil code, then yielding to the OS) until round `rnd` is open
+        while not A.spin_until_geq(round_no, 0, rnd, 200):
+            time.sleep(0)
+        if _post(counter, round_no, k, rnd):
+            wins[rnd] += 1
+
+
+def _run_threads(n, target, args_for):
+    """Run ``target(*args_for(i))`` in n threads, released together by a barrier so they overlap."""
+    barrier = threading.Barrier(n)
+
+    def body(*args):
+        barrier.wait()
+        target(*args)
+
+    ts = [threading.Thread(target=body, args=args_for(i)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+        assert not t.is_alive(), "worker thread hung"
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_concurrent_fetch_add_exact(dtype):
+    n, m = 6, 500_000
+    arr = np.zeros(1, dtype)
+    _atomic_incr(arr, 1)  # compile outside the threads
+    arr[0] = 0
+    _run_threads(n, _atomic_incr, lambda i: (arr, m))
+    assert int(arr[0]) == n * m
+
+    # The same contention with a plain `arr[0] += 1` is allowed to lose updates (it usually does on
+    # a multi-core machine); we only check it never *gains* any, and do not depend on the loss.
+    plain = np.zeros(2, dtype)
+    _plain_incr(plain, 1)
+    plain[0] = 0
+    _run_threads(n, _plain_incr, lambda i: (plain, m))
+    assert 0 < int(plain[0]) <= n * m
+
+
+def test_cas_loop_increment_exact():
+    n, m = 4, 50_000
+    arr = np.zeros(1, np.int64)
+    _cas_incr(arr, 1)
+    arr[0] = 0
+    _run_threads(n, _cas_incr, lambda i: (arr, m))
+    assert arr[0] == n * m
+
+
+def test_fetch_add_returns_distinct_old_values():
+    n, m = 4, 20_000
+    arr = np.zeros(1, np.int64)
+    outs = [np.empty(m, np.int64) for _ in range(n)]
+    _collect_olds(arr, np.empty(1, np.int64))
+    arr[0] = 0
+    _run_threads(n, _collect_olds, lambda i: (arr, outs[i]))
+    olds = np.sort(np.concatenate(outs))
+    np.testing.assert_array_equal(olds, np.arange(n * m))
+    assert arr[0] == n * m
+    for o in outs:  # each thread's own sequence is strictly increasing
+        assert np.all(np.diff(o) > 0)
+
+
+def test_cas_semantics():
+    a = np.array([5, 10], np.int64)
+    assert A.cas(a, 0, 5, 7) == 5 and a[0] == 7          # matched: swapped, returns old
+    assert A.cas(a, 0, 5, 9) == 7 and a[0] == 7          # mismatch: unchanged, returns current
+    assert A.cas(a, -1, 10, -3) == 10 and a[1] == -3     # negative index wraps
+    b = np.array([1], np.int32)
+    assert A.cas(b, 0, 1, 2) == 1 and b[0] == 2
+
+
+def test_load_store_add_xchg():
+    a = np.zeros(3, np.int64)
+    A.store(a, 1, 42)
+    assert a[1] == 42 and A.load(a, 1) == 42
+    assert A.fetch_add(a, 1, -2) == 42 and a[1] == 40
+    assert A.fetch_add(a, 2, 2**40) == 0 and a[2] == 2**40
+    assert A.xchg(a, 1, 7) == 40 and a[1] == 7
+    b = np.zeros(2, np.int32)
+    A.store(b, 0, 3)
+    assert A.load(b, 0) == 3 and A.fetch_add(b, 0, 1) == 3 and b[0] == 4
+
+
+def test_index_and_type_errors():
+    a = np.zeros(2, np.int64)
+    with pytest.raises(IndexError):
+        A.fetch_add(a, 2, 1)
+    with pytest.raises(IndexError):
+        A.load(a, -3)
+    with pytest.raises(numba.core.errors.TypingError):
+        A.fetch_add(np.zeros(2, np.float64), 0, 1)
+
+
+def test_last_poster_closes_each_round():
+    k, r = 4, 500
+    counter = np.zeros(1, np.int64)
+    round_no = np.zeros(1, np.int64)
+    wins = [np.zeros(r, np.int64) for _ in range(k)]
+    _post(np.zeros(1, np.int64), np.zeros(1, np.int64), 1, 0)  # compile outside the threads
+    A.spin_until_geq(round_no, 0, 0, 1)
+    _run_threads(k, _stage_thread, lambda i: (counter, round_no, k, r, wins[i]))
+    total = np.sum(wins, axis=0)
+    np.testing.assert_array_equal(total, np.ones(r, np.int64))  # exactly one closer per round
+    assert counter[0] == 0 and round_no[0] == r
+
+
+def test_spin_until_geq():
+    a = np.zeros(1, np.int64)
+    assert A.spin_until_geq(a, 0, 0, 0)
+    assert not A.spin_until_geq(a, 0, 1, 100)  # times out
+
+    def setter():
+        import time
+        time.sleep(0.05)
+        A.store(a, 0, 3)
+
+    t = threading.Thread(target=setter)
+    t.start()
+    ok = A.spin_until_geq(a, 0, 3, 10**9)  # GIL released while spinning, so the setter can run
+    t.join()
+    assert ok and a[0] == 3
+
+
+@numba.njit(nogil=True, parallel=True)
+def _prange_hist(keys, counts):
+    for i in numba.prange(keys.size):
+        atomic_add(counts, keys[i], 1)
+
+
+def test_atomic_add_inside_prange():
+    keys = (np.arange(100_000) * 7919) % 5
+    counts = np.zeros(5, np.int64)
+    _prange_hist(keys, counts)
+    np.testing.assert_array_equal(counts, np.bincount(keys, minlength=5))
