@@ -84,6 +84,17 @@ def test_enwik_named_file_is_enwik8(tmp_path):
     assert any("prefix of enwik8" in m for m in logs)
 
 
+def test_full_size_enwik8_standard_split(tmp_path):
+    f = tmp_path / "enwik8"
+    with open(f, "wb") as fh:  # sparse: no 100 MB written
+        fh.truncate(100_000_000)
+    logs = []
+    ds = load_dataset("enwik8", data_dir=tmp_path, log=logs.append, download=False)
+    assert ds.name == "enwik8" and not logs
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (90_000_000, 5_000_000, 5_000_000)
+    assert isinstance(ds.val, np.memmap)
+
+
 def test_enwik8_zip_path_and_data_dir_no_download(tmp_path, monkeypatch):
     data = _bytes(4000, 2)
     zdir = tmp_path / "zips"
