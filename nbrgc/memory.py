@@ -1,0 +1,58 @@
+"""Peak-memory accounting: what a run will allocate (computed before it starts) and what it used."""
+import os
+import resource
+
+
+
+def peak_rss_mib():
+    """This process's peak resident set size, from the OS."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def available_bytes():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def workspace_bytes(cfg, B, T, n_blocks, itemsize, nt, decoder=True):
+    d, H, V, N = cfg.d_model, cfg.n_head, cfg.vocab, B * T
+    per_block = N * (1 + 3 + 1 + 1 + 4) * d + 4 * N + B * H * T * T
+    scratch = N * d * 3 + (N * 4 * d + N * 3 * d + min(nt, B * H) * T * T if n_blocks else 0)
+    dec = (N * d * 2 + N * V + 3 * N) if decoder else 0
+    return itemsize * (N * d + n_blocks * per_block + scratch + dec + nt * 2 * d) + 4 * N * 2
+
+
+def estimate(cfg, tc, B, T, nt):
+    """Bytes by component for a run of mode ``tc.mode`` (parameters, gradients, AdamW moments,
+    activations and, for rgc-async, the hand-off ring and decoder copies)."""
+    from .model import Layout
+    item = 4
+    P = Layout(cfg).size
+    dec = cfg.d_model * 2 + cfg.d_model * cfg.vocab + cfg.vocab
+    out = {"params": P * item, "grads": P * item, "adamw": 2 * P * item}
+    L = cfg.n_layer
+    if tc.mode == "bp":
+        out["activations"] = workspace_bytes(cfg, B, T, L, item, nt)
+    else:
+        K, per = tc.n_stages, L // tc.n_stages
+        n_ws = K if tc.mode == "rgc-async" else 1
+        out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt)
+        S = tc.max_staleness if tc.mode == "rgc-async" else 0
+        out["rgc"] = (S + 1) * K * dec * item + dec * item
+        if tc.mode == "rgc-async":
+            out["ring"] = max(K - 1, 1) * (S + 1) * B * T * cfg.d_model * item
+            out["decoder_versions"] = (S + 2) * dec * item
+    out["total"] = int(sum(out.values()))
+    return out
+
+
+def fmt_mib(nbytes):
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
