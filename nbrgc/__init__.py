@@ -4,8 +4,10 @@ local training with Readout-Gradient Consensus (RGC).
 The thread-safe threading layer is selected here, before any kernel compiles.
 """
 from .threads import select_layer as _select_layer
+from .jitcache import configure as _configure_cache
 
 THREADING_LAYER = _select_layer()
+JIT_CACHE_DIR = _configure_cache()
 
 from .errors import NbrgcError, ConfigError, DataError, CheckpointError  # noqa: E402
 from .config import ModelConfig, TrainConfig, PRESETS, preset  # noqa: E402

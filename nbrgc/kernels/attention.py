@@ -8,10 +8,11 @@ stored as exact zeros so the P@V GEMM ignores it.
 import numpy as np
 from numba import njit, prange
 
+from .fastmath import FLAGS, fexp
 from .gemm import gemm
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
 def attention_fwd(qkv, B, T, H, probs, y):
     """qkv (B*T, 3d) -> probs (B, H, T, T), y (B*T, d)."""
     d = qkv.shape[1] // 3
@@ -33,7 +34,7 @@ def attention_fwd(qkv, B, T, H, probs, y):
                     m = P[i, j]
             s = 0.0
             for j in range(i + 1):
-                e = np.exp(P[i, j] - m)
+                e = fexp(P[i, j] - m)
                 P[i, j] = e
                 s += e
             inv = 1.0 / s
@@ -44,7 +45,7 @@ def attention_fwd(qkv, B, T, H, probs, y):
         gemm(False, False, 1.0, P, v, 0.0, y[b * T:(b + 1) * T, h * hd:(h + 1) * hd])
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
 def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
     """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is consumed (overwritten by the score
     gradients); ``scratch`` (>= 1, T, T) gives each parallel chunk its own dP buffer."""

@@ -2,8 +2,10 @@
 import numpy as np
 from numba import njit, prange
 
+from .fastmath import FLAGS, fexp
 
-@njit(parallel=True, nogil=True, cache=True)
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
 def xent_fwd_bwd(logits, targets, losses, scale):
     """Row losses into ``losses``; logits <- scale * (softmax - onehot). Returns the sum of losses."""
     N, V = logits.shape
@@ -16,7 +18,7 @@ def xent_fwd_bwd(logits, targets, losses, scale):
                 m = logits[i, j]
         s = 0.0
         for j in range(V):
-            e = np.exp(logits[i, j] - m)
+            e = fexp(logits[i, j] - m)
             logits[i, j] = e
             s += e
         losses[i] = np.log(s) + m - lt
@@ -30,7 +32,7 @@ def xent_fwd_bwd(logits, targets, losses, scale):
     return tot
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
 def xent_fwd(logits, targets, losses):
     """Row losses only (evaluation); logits are left untouched. Returns the sum."""
     N, V = logits.shape
@@ -41,7 +43,7 @@ def xent_fwd(logits, targets, losses):
                 m = logits[i, j]
         s = 0.0
         for j in range(V):
-            s += np.exp(logits[i, j] - m)
+            s += fexp(logits[i, j] - m)
         losses[i] = np.log(s) + m - logits[i, targets[i]]
     tot = 0.0
     for i in range(N):
