@@ -1,9 +1,11 @@
 """Causal multi-head self-attention over a fused [q | k | v] projection (heads contiguous in each).
 
 One (batch, head) pair per ``prange`` iteration; each runs its small GEMMs single-threaded on strided
-views of ``qkv`` (no head transposes are materialised). The probabilities are kept for the backward.
-Softmax subtracts the row maximum and only visits the causal prefix; the masked upper triangle is
-stored as exact zeros so the P@V GEMM ignores it.
+views of ``qkv`` (no head transposes are materialised). Queries are taken in blocks of ``QB`` rows,
+and each block only meets the keys at or before its last row, which skips most of the masked upper
+triangle (62% of the dense work at T = 256). Softmax subtracts the row maximum and only visits the
+causal prefix; the masked entries inside a block are exact zeros. The probabilities are kept for the
+backward, which consumes them.
 """
 import numpy as np
 from numba import njit, prange
@@ -11,13 +13,21 @@ from numba import njit, prange
 from .fastmath import FLAGS, fexp
 from .gemm import gemm
 
+QB = 64
+
+
+@njit(nogil=True, cache=True)
+def _qblock(T):
+    return QB if T > QB else T
+
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
 def attention_fwd(qkv, B, T, H, probs, y):
-    """qkv (B*T, 3d) -> probs (B, H, T, T), y (B*T, d)."""
+    """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
+    qb = _qblock(T)
     for bh in prange(B * H):
         b = bh // H
         h = bh % H
@@ -26,23 +36,27 @@ def attention_fwd(qkv, B, T, H, probs, y):
         k = rows[:, d + h * hd:d + (h + 1) * hd]
         v = rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
         P = probs[b, h]
-        gemm(False, True, scale, q, k, 0.0, P)
-        for i in range(T):
-            m = P[i, 0]
-            for j in range(1, i + 1):
-                if P[i, j] > m:
-                    m = P[i, j]
-            s = 0.0
-            for j in range(i + 1):
-                e = fexp(P[i, j] - m)
-                P[i, j] = e
-                s += e
-            inv = 1.0 / s
-            for j in range(i + 1):
-                P[i, j] *= inv
-            for j in range(i + 1, T):
-                P[i, j] = 0.0
-        gemm(False, False, 1.0, P, v, 0.0, y[b * T:(b + 1) * T, h * hd:(h + 1) * hd])
+        yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
+        for i0 in range(0, T, qb):
+            i1 = min(T, i0 + qb)
+            Pb = P[i0:i1, 0:i1]
+            gemm(False, True, scale, q[i0:i1], k[0:i1], 0.0, Pb)
+            for i in range(i0, i1):
+                row = P[i]
+                m = row[0]
+                for j in range(1, i + 1):
+                    m = max(m, row[j])
+                s = 0.0
+                for j in range(i + 1):
+                    e = fexp(row[j] - m)
+                    row[j] = e
+                    s += e
+                inv = 1.0 / s
+                for j in range(i + 1):
+                    row[j] *= inv
+                for j in range(i + 1, i1):
+                    row[j] = 0.0
+            gemm(False, False, 1.0, Pb, v[0:i1], 0.0, yh[i0:i1])
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
@@ -52,6 +66,7 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
+    qb = _qblock(T)
     nb = max(1, min(scratch.shape[0], B * H))
     step = (B * H + nb - 1) // nb
     for blk in prange(nb):
@@ -69,14 +84,28 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
             dv = drows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
             dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
             P = probs[b, h]
-            gemm(False, True, 1.0, dyh, v, 0.0, G)
-            gemm(True, False, 1.0, P, dyh, 0.0, dv)
-            # softmax backward, dS = P * (dP - sum_j dP*P), written over P (no longer needed)
-            for i in range(T):
-                s = 0.0
-                for j in range(i + 1):
-                    s += G[i, j] * P[i, j]
-                for j in range(i + 1):
-                    P[i, j] = P[i, j] * (G[i, j] - s)
-            gemm(False, False, scale, P, k, 0.0, dq)
-            gemm(True, False, scale, P, q, 0.0, dk)
+            for i0 in range(0, T, qb):
+                i1 = min(T, i0 + qb)
+                Pb = P[i0:i1, 0:i1]
+                Gb = G[i0:i1, 0:i1]
+                beta = 0.0 if i0 == 0 else 1.0  # dk, dv gather over query blocks
+                # keys i0..i1-1 are first met by this block: the accumulating products below read
+                # them, so clear them (the beta=0 call clears 0..i1-1 on the first block)
+                if i0 > 0:
+                    for i in range(i0, i1):
+                        for j in range(hd):
+                            dk[i, j] = 0.0
+                            dv[i, j] = 0.0
+                gemm(False, True, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
+                gemm(True, False, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
+                # softmax backward, dS = P * (dP - sum_j dP*P), over P (no longer needed)
+                for i in range(i0, i1):
+                    prow = P[i]
+                    grow = G[i]
+                    s = 0.0
+                    for j in range(i + 1):
+                        s += grow[j] * prow[j]
+                    for j in range(i + 1):
+                        prow[j] = prow[j] * (grow[j] - s)
+                gemm(False, False, scale, Pb, k[0:i1], 0.0, dq[i0:i1])
+                gemm(True, False, scale, Pb, q[i0:i1], beta, dk[0:i1])
