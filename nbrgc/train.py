@@ -103,7 +103,10 @@ class Trainer:
     def _prepare_out(self):
         if self.out is None:
             return
-        os.makedirs(self.out, exist_ok=True)
+        try:
+            os.makedirs(self.out, exist_ok=True)
+        except OSError as exc:
+            raise NbrgcError(f"cannot use {self.out} as the run folder: {exc.strerror or exc}") from None
         path = os.path.join(self.out, CONFIG_FILE)
         mine = {"model_config": self.mcfg.to_dict(), "train_config": self.tc.to_dict(),
                 "data": self.data_spec or self.data.name}
@@ -157,6 +160,7 @@ class Trainer:
         scheme = make_scheme(model, tc, fault_hook=self.fault_hook, log=self.info)
         stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)
         if tc.mode == "rgc-async":
+            scheme.tune(tc.batch, self.seq)
             self.info(f"stage thread groups: {scheme.groups} (budget {budget}), max staleness "
                       f"{tc.max_staleness}")
         batches = Batches(self.data.train, tc.batch, self.seq, seed=tc.seed)

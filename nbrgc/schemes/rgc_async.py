@@ -37,11 +37,48 @@ class _Stopped(Exception):
     pass
 
 
-def auto_groups(n_stages, budget):
-    """Split a thread budget over stages: at least one thread each, the remainder to the front
-    stages (stage 0 also embeds, and every stage runs the same number of blocks)."""
-    base, extra = divmod(max(budget, n_stages), n_stages)
-    return [base + (1 if k < extra else 0) for k in range(n_stages)]
+def autotune_groups(model, stages, budget, B, T, log=None, reps=2):
+    """Thread groups that balance the pipeline: time one stage's forward+backward at each group size
+    (all stages run the same number of blocks), then hand threads one by one to the stage whose
+    step is slowest. With no more threads than stages there is nothing to choose."""
+    K = len(stages)
+    if budget <= K:
+        return [1] * K
+    lo, hi = stages[0]
+    ws = model.workspace(B, T, 0, hi - lo)
+    x = np.zeros((B, T), np.int32)
+    y = np.zeros((B, T), np.int32)
+    G = np.zeros_like(model.grad_flat)
+    gdec = np.zeros(model.layout.decoder_range[1] - model.layout.decoder_range[0], model.dtype)
+
+    def one_step():
+        out = model.forward_blocks(model.embed(x, ws), lo, hi, ws)
+        _, dh = model.decoder_loss_and_grad(out, y, ws, gdec=gdec)
+        model.backward_blocks(dh, lo, hi, ws, grad_flat=G)
+
+    timings = {}
+    prev = set_threads(budget)
+    try:
+        import numba
+        for n in range(1, min(budget - K + 1, numba.config.NUMBA_NUM_THREADS) + 1):
+            set_threads(n)
+            one_step()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                one_step()
+            timings[n] = (time.perf_counter() - t0) / reps
+    finally:
+        set_threads(prev)
+    groups = [1] * K
+    for _ in range(budget - K):
+        k = max(range(K), key=lambda i: (timings[groups[i]], -i))
+        if groups[k] + 1 not in timings or timings[groups[k] + 1] >= timings[groups[k]]:
+            break  # more threads would not make the slowest stage faster
+        groups[k] += 1
+    if log:
+        log("stage-thread autotune: " + ", ".join(f"{n} thr {t * 1e3:.0f} ms" for n, t in
+                                                  timings.items()) + f" -> groups {groups}")
+    return groups
 
 
 class RGCAsync(SchemeBase):
@@ -54,8 +91,8 @@ class RGCAsync(SchemeBase):
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
         self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
-        budget = tc.threads or cpu_count()
-        self.groups = parse_stage_threads(tc.stage_threads, self.K) or auto_groups(self.K, budget)
+        self.budget = tc.threads or cpu_count()
+        self.groups = parse_stage_threads(tc.stage_threads, self.K)
         self.fault_hook = fault_hook
         self.log = log or (lambda msg: None)
         self._buffers = None
@@ -106,7 +143,14 @@ class RGCAsync(SchemeBase):
                 + b["rgc"].nbytes() + b["tokens"].nbytes + b["targets"].nbytes)
 
     # ------------------------------------------------------------------ control
+    def tune(self, B, T):
+        """Resolve --stage-threads auto (once)."""
+        if self.groups is None:
+            self.groups = autotune_groups(self.model, self.stages, self.budget, B, T, self.log)
+        return self.groups
+
     def _start(self, step0, B, T):
+        self.tune(B, T)
         if self._buffers is None or self._buffers["shape"] != (B, T):
             self._alloc(B, T)
         b = self._buffers
