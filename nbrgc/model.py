@@ -80,18 +80,30 @@ class Workspace:
         self.probs = e(n, B, H, T, T)
         k = 1 if n else 0  # scratch is only needed when there are blocks
         nt = max(1, numba.config.NUMBA_NUM_THREADS)
-        self.ln, self.g = e(N, d), e(k * N, 4 * d)
-        self.datt, self.dqkv, self.dP = e(k * N, d), e(k * N, 3 * d), e(k * min(nt, B * H), T, T)
+        # Scratch is aliased wherever lifetimes do not overlap (one block's backward at a time, and
+        # the decoder runs between forward and backward): `ln` also serves as the attention-output
+        # gradient and the decoder's LayerNorm output; one flat buffer holds the GELU activations,
+        # the qkv gradient and the logits; the decoder writes dL/dh straight into `dcur`.
+        self.ln = e(N, d)
+        wide = max(4 * d if n else 0, V if decoder else 0, 3 * d if n else 0)
+        self._wide = e(N * wide)
+        self.g = self._wide[:N * 4 * d].reshape(N, 4 * d) if n else e(0, 4 * d)
+        self.dqkv = self._wide[:N * 3 * d].reshape(N, 3 * d) if n else e(0, 3 * d)
+        self.datt = self.ln
+        self.dP = e(k * min(nt, B * H), T, T)
         self.dcur = e(N, d)
         self.partial = e(nt, 2, d)
         self.tokens = np.zeros((B, T), np.int32)
         if decoder:
-            self.lnf, self.mf, self.rf = e(N, d), e(N), e(N)
-            self.logits, self.losses, self.dh = e(N, V), e(N), e(N, d)
+            self.lnf, self.mf, self.rf = self.ln, e(N), e(N)
+            self.logits = self._wide[:N * V].reshape(N, V)
+            self.losses, self.dh = e(N), self.dcur
             self.targets = np.zeros(N, np.int32)
 
     def nbytes(self):
-        return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
+        """Bytes owned (aliased views counted once)."""
+        owned = {id(v): v for v in vars(self).values() if isinstance(v, np.ndarray) and v.base is None}
+        return sum(v.nbytes for v in owned.values())
 
 
 def _threads():
