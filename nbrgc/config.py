@@ -136,7 +136,8 @@ class TrainConfig:
             raise ConfigError(f"seq ({seq}) must be <= ctx ({mcfg.ctx})")
         if self.mode != "bp" and mcfg.n_layer % self.n_stages:
             raise ConfigError(f"n_stages ({self.n_stages}) must divide n_layer ({mcfg.n_layer})")
-        parse_stage_threads(self.stage_threads, self.n_stages)
+        if self.mode == "rgc-async":
+            parse_stage_threads(self.stage_threads, self.n_stages)
         return seq
 
     def to_dict(self):

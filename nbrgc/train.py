@@ -130,13 +130,13 @@ class Trainer:
 
     def _check_memory(self, nt):
         est = estimate(self.mcfg, self.tc, self.tc.batch, self.seq, nt)
-        self.info("expected memory: " + ", ".join(f"{k} {fmt_mib(v)}" for k, v in est.items()))
         limit = self.max_memory if self.max_memory is not None else available_bytes()
         if est["total"] > limit:
             raise NbrgcError(f"this run needs about {fmt_mib(est['total'])} but "
                              f"{'--max-memory allows' if self.max_memory is not None else 'only'} "
                              f"{fmt_mib(limit)}{'' if self.max_memory is not None else ' are available'}"
                              "; lower --batch/--seq/--n-layer or pass --max-memory")
+        self.info("expected memory: " + ", ".join(f"{k} {fmt_mib(v)}" for k, v in est.items()))
         return est
 
     # ------------------------------------------------------------------ the run
@@ -159,15 +159,15 @@ class Trainer:
         self.info(f"parameters: {model.n_params:,}")
         scheme = make_scheme(model, tc, fault_hook=self.fault_hook, log=self.info)
         stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)
-        if tc.mode == "rgc-async":
-            scheme.tune(tc.batch, self.seq)
-            self.info(f"stage thread groups: {scheme.groups} (budget {budget}), max staleness "
-                      f"{tc.max_staleness}")
         batches = Batches(self.data.train, tc.batch, self.seq, seed=tc.seed)
         held_out = eval_batches(self.data.val, tc.batch, self.seq, tc.eval_batches, seed=tc.seed + 1)
         start = 0
         if self.resume and self.out is not None:
             start = self._restore(model, scheme, batches)
+        if tc.mode == "rgc-async":
+            scheme.tune(tc.batch, self.seq)
+            self.info(f"stage thread groups: {scheme.groups} (budget {budget}), max staleness "
+                      f"{tc.max_staleness}")
         eval_ws = self._eval_workspace(model, scheme, stages)
         handlers = self._install_signals()
         tokens_per_step = tc.batch * self.seq

@@ -372,4 +372,12 @@ class RGCAsync(SchemeBase):
     def state(self):
         arrays, meta = super().state()
         meta["decoder_version"] = self.version
+        meta["stage_groups"] = self.groups
         return arrays, meta
+
+    def load_state(self, arrays, meta):
+        super().load_state(arrays, meta)
+        # Group sizes change reduction splits (last-bit differences): a resumed `auto` run reuses
+        # the groups its autotune chose instead of timing again.
+        if parse_stage_threads(self.tc.stage_threads, self.K) is None and meta.get("stage_groups"):
+            self.groups = [int(g) for g in meta["stage_groups"]]
