@@ -1,0 +1,521 @@
+"""Every Numba kernel: backward vs central finite differences (float64, via nbrgc.testing.check_grad),
+forward vs plain NumPy references, float32 vs float64 forward agreement, AdamW vs a NumPy reference.
+
+Shapes and values are drawn by Hypothesis (sequence length 1 included); the ``nt`` arguments are the
+number of parallel blocks a kernel splits into, drawn too so the block-splitting and per-block
+reductions are exercised whatever the core count.
+"""
+import math
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+import nbrgc  # noqa: F401  (thread-safe threading layer first)
+from nbrgc.kernels.adamw import adamw_update, all_finite, fill, sumsq, _CHUNK
+from nbrgc.kernels.attention import attention_bwd, attention_fwd
+from nbrgc.kernels.embedding import embedding_bwd, embedding_fwd
+from nbrgc.kernels.gemm import linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn
+from nbrgc.kernels.layernorm import EPS, layernorm_apply, layernorm_bwd, layernorm_fwd
+from nbrgc.kernels.loss import xent_fwd, xent_fwd_bwd
+from nbrgc.kernels.mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
+from nbrgc.testing import check_grad, float64_arrays, seeds, shapes
+
+SETTINGS = settings(max_examples=20, deadline=None)
+FEW = settings(max_examples=10, deadline=None)
+dims = st.integers(1, 6)
+threads = st.integers(1, 4)
+
+
+def _normal(seed, *shape):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+# ---------------------------------------------------------------------------------------- NumPy references
+
+def np_layernorm(X, w, b):
+    m = X.mean(axis=1, keepdims=True)
+    v = ((X - m) ** 2).mean(axis=1, keepdims=True)
+    return (X - m) / np.sqrt(v + EPS) * w + b
+
+
+def np_gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def np_attention(qkv, B, T, H):
+    d = qkv.shape[1] // 3
+    hd = d // H
+    q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(B, T, H, hd).transpose(0, 2, 1, 3) for i in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    y = (p @ v).transpose(0, 2, 1, 3).reshape(B * T, d)
+    return p, y
+
+
+def np_log_softmax(z):
+    m = z.max(axis=1, keepdims=True)
+    return z - m - np.log(np.exp(z - m).sum(axis=1, keepdims=True))
+
+
+def np_adamw(P, G, M, V, mask, lr, b1, b2, eps, wd, step, gscale):
+    """PyTorch-order AdamW: decoupled decay p *= 1 - lr*wd (masked), then the bias-corrected step."""
+    P, M, V = P.astype(np.float64), M.astype(np.float64), V.astype(np.float64)
+    g = G.astype(np.float64) * gscale
+    M = b1 * M + (1 - b1) * g
+    V = b2 * V + (1 - b2) * g * g
+    P = np.where(mask.astype(bool), P * (1 - lr * wd), P)
+    mhat = M / (1 - b1 ** step)
+    vhat = V / (1 - b2 ** step)
+    return P - lr * mhat / (np.sqrt(vhat) + eps), M, V
+
+
+# --------------------------------------------------------------------------------------------------- linear
+
+def _maybe_sliced(a, sliced, pad_seed):
+    """``a`` itself, or an equal column-sliced view into a wider buffer (leading dimension > width)."""
+    if not sliced:
+        return a
+    n, m = a.shape
+    big = _normal(pad_seed, n, m + 5)
+    view = big[:, 2:2 + m]
+    view[...] = a
+    return view
+
+
+@SETTINGS
+@given(st.data())
+def test_linear_grad_vs_finite_differences(data):
+    N = data.draw(st.integers(1, 40), label="rows (B*T)")
+    K, M = data.draw(dims, label="K"), data.draw(dims, label="M")
+    sliced = data.draw(st.booleans(), label="column-sliced views")
+    nt = data.draw(threads, label="nt")
+    seed = data.draw(seeds())
+    X = _maybe_sliced(data.draw(float64_arrays((N, K))), sliced, seed)
+    W = _maybe_sliced(data.draw(float64_arrays((K, M))), sliced, seed + 1)
+    b = data.draw(float64_arrays((M,)))
+    R = _normal(seed, N, M)
+
+    def f(X, W, b):
+        Y = _maybe_sliced(np.zeros((N, M)), sliced, seed + 2)
+        linear_fwd(X, W, b, Y, nt)
+        return float((R * Y).sum())
+
+    dY = _maybe_sliced(R, sliced, seed + 3)
+    dX = _maybe_sliced(np.zeros((N, K)), sliced, seed + 4)
+    dW, db = _maybe_sliced(np.zeros((K, M)), sliced, seed + 5), np.zeros(M)
+    linear_bwd(X, W, dY, dX, dW, db, nt, 0.0)
+    np.testing.assert_allclose(dX, R @ W.T, rtol=1e-12, atol=1e-12)
+    check_grad(f, [X, W, b], [dX.copy(), dW.copy(), db.copy()], seed=seed)
+
+
+@SETTINGS
+@given(st.data())
+def test_linear_forward_and_accumulation(data):
+    N = data.draw(st.integers(1, 40), label="rows")
+    K, M = data.draw(dims), data.draw(dims)
+    sliced = data.draw(st.booleans(), label="column-sliced views")
+    nt = data.draw(threads)
+    seed = data.draw(seeds())
+    X = _maybe_sliced(_normal(seed, N, K), sliced, seed + 1)
+    W = _maybe_sliced(_normal(seed + 2, K, M), sliced, seed + 3)
+    b = _normal(seed + 4, M)
+    Y = _maybe_sliced(np.full((N, M), np.nan), sliced, seed + 5)
+    linear_fwd(X, W, b, Y, nt)
+    np.testing.assert_allclose(Y, X @ W + b, rtol=1e-12, atol=1e-12)
+
+    # dx_beta=1 accumulates into dX; dW and db always accumulate
+    dY = _normal(seed + 6, N, M)
+    dX0, dW0, db0 = _normal(seed + 7, N, K), _normal(seed + 8, K, M), _normal(seed + 9, M)
+    dX, dW, db = _maybe_sliced(dX0.copy(), sliced, seed + 10), dW0.copy(), db0.copy()
+    linear_bwd(X, W, dY, dX, dW, db, nt, 1.0)
+    np.testing.assert_allclose(dX, dX0 + dY @ W.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dW, dW0 + X.T @ dY, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db, db0 + dY.sum(axis=0), rtol=1e-12, atol=1e-12)
+    # dx_beta=0 overwrites dX, even when it held NaN
+    dX = _maybe_sliced(np.full((N, K), np.nan), sliced, seed + 11)
+    linear_bwd(X, W, dY, dX, dW, db, nt, 0.0)
+    np.testing.assert_allclose(dX, dY @ W.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dW, dW0 + 2 * X.T @ dY, rtol=1e-12, atol=1e-12)
+
+    # the building blocks with beta
+    C0 = _normal(seed + 12, N, M)
+    C = C0.copy()
+    matmul(X, W, C, 1.0, nt)
+    np.testing.assert_allclose(C, C0 + X @ W, rtol=1e-12, atol=1e-12)
+    C = np.empty((K, M))
+    matmul_tn(X, dY, C, 0.0, nt)
+    np.testing.assert_allclose(C, X.T @ dY, rtol=1e-12, atol=1e-12)
+    C = np.empty((N, K))
+    matmul_nt(dY, W, C, 0.0, nt)
+    np.testing.assert_allclose(C, dY @ W.T, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ layernorm
+
+@SETTINGS
+@given(st.data())
+def test_layernorm_grad_vs_finite_differences(data):
+    N = data.draw(st.integers(1, 12), label="rows")
+    D = data.draw(st.integers(1, 12), label="width")
+    nt = data.draw(threads)
+    seed = data.draw(seeds())
+    # values in [-2, 2] plus a small seeded jitter so no row is (nearly) constant: a constant row puts
+    # LayerNorm at its eps-regularised kink (rstd ~ 316), where central differences lose precision
+    X = data.draw(float64_arrays((N, D), scale=2.0)) + 0.1 * _normal(seed, N, D)
+    w = data.draw(float64_arrays((D,), scale=2.0))
+    b = data.draw(float64_arrays((D,), scale=2.0))
+    R = _normal(seed + 1, N, D)
+
+    def f(X, w, b):
+        Y = np.empty((N, D))
+        layernorm_fwd(X, w, b, Y, np.empty(N), np.empty(N))
+        return float((R * Y).sum())
+
+    Y, mean, rstd = np.empty((N, D)), np.empty(N), np.empty(N)
+    layernorm_fwd(X, w, b, Y, mean, rstd)
+    dX, dw, db = np.full((N, D), np.nan), np.zeros(D), np.zeros(D)
+    partial = np.full((4, 2, D), np.nan)  # per-block scratch, zeroed by the kernel
+    layernorm_bwd(R, X, w, mean, rstd, dX, dw, db, partial, nt, 0.0)
+    check_grad(f, [X, w, b], [dX.copy(), dw.copy(), db.copy()], seed=seed)
+
+    # dx_beta=1 accumulates into dX (the residual stream), dw/db always accumulate
+    dX0 = _normal(seed + 2, N, D)
+    dX2, dw2, db2 = dX0.copy(), dw.copy(), db.copy()
+    layernorm_bwd(R, X, w, mean, rstd, dX2, dw2, db2, partial, nt, 1.0)
+    np.testing.assert_allclose(dX2, dX0 + dX, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dw2, 2 * dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db2, 2 * db, rtol=1e-12, atol=1e-12)
+
+
+@SETTINGS
+@given(st.data())
+def test_layernorm_forward_vs_numpy(data):
+    N, D = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 16))
+    X = data.draw(float64_arrays((N, D), scale=5.0))
+    w, b = data.draw(float64_arrays((D,))), data.draw(float64_arrays((D,)))
+    Y, mean, rstd = np.empty((N, D)), np.empty(N), np.empty(N)
+    layernorm_fwd(X, w, b, Y, mean, rstd)
+    np.testing.assert_allclose(Y, np_layernorm(X, w, b), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(mean, X.mean(axis=1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(X.var(axis=1) + EPS), rtol=1e-9)
+    Y2 = np.empty((N, D))
+    layernorm_apply(X, w, b, mean, rstd, Y2)  # the backward's recomputation
+    np.testing.assert_array_equal(Y2, Y)
+
+
+# ----------------------------------------------------------------------------------------------------- GELU
+
+@SETTINGS
+@given(st.data())
+def test_bias_gelu_grad_vs_finite_differences(data):
+    N, M = data.draw(st.integers(1, 8)), data.draw(st.integers(1, 16))
+    seed = data.draw(seeds())
+    pre0 = data.draw(float64_arrays((N, M), scale=6.0))
+    b = data.draw(float64_arrays((M,), scale=2.0))
+    R = _normal(seed, N, M)
+
+    def f(pre0, b):
+        pre, out = pre0.copy(), np.empty((N, M))
+        bias_gelu_fwd(pre, b, out)
+        return float((R * out).sum())
+
+    pre, out = pre0.copy(), np.empty((N, M))
+    bias_gelu_fwd(pre, b, out)
+    np.testing.assert_array_equal(pre, pre0 + b)  # the biased pre-activation is kept
+    dg = R.copy()
+    gelu_bwd(pre, dg)
+    check_grad(f, [pre0, b], [dg, dg.sum(axis=0)], seed=seed)
+
+
+@SETTINGS
+@given(st.data())
+def test_gelu_forward_vs_numpy(data):
+    shape = data.draw(shapes(min_dims=2, max_dims=2, max_side=12))
+    x = data.draw(float64_arrays(shape, scale=50.0))  # includes the clamped tails
+    out = np.empty(shape)
+    gelu_fwd(x, out)
+    np.testing.assert_allclose(out, np_gelu(x), rtol=1e-6, atol=1e-7)
+    pre, out2 = np.zeros(shape), np.empty(shape)
+    bias_gelu_fwd(pre, np.zeros(shape[1]), out2)
+    np.testing.assert_allclose(out2, np_gelu(pre), rtol=1e-6, atol=1e-7)
+    # saturated tails (the sigmoid argument is clamped): finite, gelu(x) = x exactly for large x and
+    # ~0 for very negative x, with derivatives 1 and ~0
+    big = np.array([[-60.0, -20.0, 0.0, 20.0, 60.0, 1e4]])
+    o = np.empty_like(big)
+    gelu_fwd(big, o)
+    np.testing.assert_array_equal(o[0, 2:], [0.0, 20.0, 60.0, 1e4])
+    np.testing.assert_allclose(o[0, :2], 0.0, atol=1e-12)
+    d = np.ones_like(big)
+    gelu_bwd(big, d)
+    np.testing.assert_allclose(d, [[0.0, 0.0, 0.5, 1.0, 1.0, 1.0]], atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ attention
+
+@st.composite
+def attention_case(draw):
+    B, T, H = draw(st.integers(1, 3), label="B"), draw(st.integers(1, 6), label="T"), draw(
+        st.integers(1, 3), label="H")
+    hd = draw(st.integers(1, 4), label="head_dim")
+    return B, T, H, hd
+
+
+@SETTINGS
+@given(attention_case(), st.integers(1, 4), seeds(), st.data())
+def test_attention_grad_vs_finite_differences(case, n_scratch, seed, data):
+    B, T, H, hd = case
+    d = H * hd
+    qkv = data.draw(float64_arrays((B * T, 3 * d), scale=2.0))
+    R = _normal(seed, B * T, d)
+
+    def f(qkv):
+        y = np.empty((B * T, d))
+        attention_fwd(qkv, B, T, H, np.empty((B, H, T, T)), y)
+        return float((R * y).sum())
+
+    probs, y = np.full((B, H, T, T), np.nan), np.full((B * T, d), np.nan)
+    attention_fwd(qkv, B, T, H, probs, y)
+    dqkv = np.full((B * T, 3 * d), np.nan)  # fully overwritten
+    scratch = np.full((n_scratch, T, T), np.nan)
+    attention_bwd(R, qkv, B, T, H, probs, scratch, dqkv)
+    check_grad(f, [qkv], [dqkv], seed=seed)
+
+
+@SETTINGS
+@given(attention_case(), st.data())
+def test_attention_forward_vs_numpy(case, data):
+    B, T, H, hd = case
+    d = H * hd
+    qkv = data.draw(float64_arrays((B * T, 3 * d), scale=4.0))
+    probs, y = np.full((B, H, T, T), np.nan), np.full((B * T, d), np.nan)
+    attention_fwd(qkv, B, T, H, probs, y)
+    p_ref, y_ref = np_attention(qkv, B, T, H)
+    np.testing.assert_allclose(probs, p_ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-10, atol=1e-10)
+    # masked entries are exact zeros, rows sum to one
+    assert np.all(probs[..., ~np.tril(np.ones((T, T), bool))] == 0.0)
+    np.testing.assert_allclose(probs.sum(axis=-1), 1.0, rtol=1e-12)
+    if T == 1:  # a single position attends only to itself: y = v
+        np.testing.assert_allclose(y, qkv[:, 2 * d:], rtol=1e-12, atol=1e-12)
+
+
+def test_attention_backward_consumes_probs_and_uses_any_scratch_count():
+    B, T, H, hd = 2, 5, 3, 2
+    d = H * hd
+    qkv, dy = _normal(0, B * T, 3 * d), _normal(1, B * T, d)
+    out = []
+    for n_scratch in (1, 2, 6, 9):
+        probs, y = np.empty((B, H, T, T)), np.empty((B * T, d))
+        attention_fwd(qkv, B, T, H, probs, y)
+        dqkv = np.empty((B * T, 3 * d))
+        attention_bwd(dy, qkv, B, T, H, probs, np.zeros((n_scratch, T, T)), dqkv)
+        out.append(dqkv)
+    for o in out[1:]:
+        np.testing.assert_array_equal(o, out[0])
+
+
+# ---------------------------------------------------------------------------------------- cross-entropy
+
+@SETTINGS
+@given(st.data())
+def test_xent_fwd_bwd(data):
+    N, V = data.draw(st.integers(1, 10), label="rows"), data.draw(st.integers(2, 12), label="vocab")
+    logits = data.draw(float64_arrays((N, V), scale=20.0))
+    targets = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=N, max_size=N)), np.int32)
+    scale = data.draw(st.floats(0.01, 2.0))
+    seed = data.draw(seeds())
+    ref = -np_log_softmax(logits)[np.arange(N), targets]
+
+    losses_f = np.empty(N)
+    tot_f = xent_fwd(logits, targets, losses_f)
+    np.testing.assert_allclose(losses_f, ref, rtol=1e-12, atol=1e-12)
+    assert math.isclose(tot_f, ref.sum(), rel_tol=1e-12, abs_tol=1e-12)
+
+    g, losses = logits.copy(), np.empty(N)
+    tot = xent_fwd_bwd(g, targets, losses, scale)
+    # the same row losses as the eval kernel (up to the last bit: the two compile differently)
+    np.testing.assert_allclose(losses, losses_f, rtol=1e-14, atol=1e-14)
+    assert math.isclose(tot, tot_f, rel_tol=1e-14, abs_tol=1e-13)
+    onehot = np.eye(V)[targets]
+    np.testing.assert_allclose(g, scale * (np.exp(np_log_softmax(logits)) - onehot), rtol=1e-10,
+                               atol=1e-12)
+
+    def f(z):
+        return scale * xent_fwd(z, targets, np.empty(N))
+
+    check_grad(f, [logits], [g], seed=seed)
+
+
+def test_xent_is_stable_for_huge_logits():
+    logits = np.array([[1e4, 0.0, -1e4], [-1e4, -1e4, -1e4]])
+    t = np.array([0, 2], np.int32)
+    losses = np.empty(2)
+    xent_fwd_bwd(logits.copy(), t, losses, 1.0)
+    np.testing.assert_allclose(losses, [0.0, np.log(3.0)], atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ embedding
+
+@SETTINGS
+@given(st.data())
+def test_embedding_grad_with_repeated_tokens(data):
+    B, T = data.draw(st.integers(1, 4), label="B"), data.draw(st.integers(1, 6), label="T")
+    V = data.draw(st.integers(1, 4), label="vocab")  # small: tokens repeat
+    ctx = T + data.draw(st.integers(0, 3), label="extra ctx")
+    D = data.draw(st.integers(1, 24), label="width")
+    nt = data.draw(threads)
+    seed = data.draw(seeds())
+    tokens = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=B * T, max_size=B * T)),
+                      np.int32).reshape(B, T)
+    wte = data.draw(float64_arrays((V, D)))
+    wpe = data.draw(float64_arrays((ctx, D)))
+    R = _normal(seed, B * T, D)
+
+    out = np.full((B * T, D), np.nan)
+    embedding_fwd(tokens, wte, wpe, out)
+    np.testing.assert_array_equal(out, wte[tokens.reshape(-1)] + np.tile(wpe[:T], (B, 1)))
+
+    def f(wte, wpe):
+        o = np.empty((B * T, D))
+        embedding_fwd(tokens, wte, wpe, o)
+        return float((R * o).sum())
+
+    dwte, dwpe = np.zeros((V, D)), np.zeros((ctx, D))
+    embedding_bwd(tokens, R, dwte, dwpe, nt)
+    ref_te, ref_pe = np.zeros((V, D)), np.zeros((ctx, D))
+    np.add.at(ref_te, tokens.reshape(-1), R)
+    np.add.at(ref_pe, np.tile(np.arange(T), B), R)
+    np.testing.assert_allclose(dwte, ref_te, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dwpe, ref_pe, rtol=1e-12, atol=1e-12)
+    assert np.all(dwpe[T:] == 0.0)
+    check_grad(f, [wte, wpe], [dwte.copy(), dwpe.copy()], seed=seed)
+    # accumulates (+=)
+    embedding_bwd(tokens, R, dwte, dwpe, nt)
+    np.testing.assert_allclose(dwte, 2 * ref_te, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------- AdamW
+
+@FEW
+@given(n=st.sampled_from([1, 7, 100, _CHUNK + 3, 2 * _CHUNK + 17]), steps=st.integers(1, 4),
+       lr=st.floats(1e-4, 1e-1), wd=st.sampled_from([0.0, 0.1, 0.5]),
+       gscale=st.sampled_from([1.0, 0.3]), dtype=st.sampled_from([np.float64, np.float32]),
+       seed=seeds())
+def test_adamw_update_vs_numpy(n, steps, lr, wd, gscale, dtype, seed):
+    rng = np.random.default_rng(seed)
+    b1, b2, eps = 0.9, 0.95, 1e-8
+    P = rng.standard_normal(n).astype(dtype)
+    M, V = np.zeros(n, dtype), np.zeros(n, dtype)
+    mask = (rng.random(n) < 0.5).astype(np.uint8)
+    rP, rM, rV = P.astype(np.float64), M.astype(np.float64), V.astype(np.float64)
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    for step in range(1, steps + 1):
+        G = rng.standard_normal(n).astype(dtype)
+        adamw_update(P, G, M, V, mask, lr, b1, b2, eps, wd, step, gscale)
+        rP, rM, rV = np_adamw(rP, G, rM, rV, mask, lr, b1, b2, eps, wd, step, gscale)
+        np.testing.assert_allclose(M, rM, rtol=tol, atol=tol)
+        np.testing.assert_allclose(V, rV, rtol=tol, atol=tol)
+        np.testing.assert_allclose(P, rP, rtol=tol, atol=tol * 10)
+        rP, rM, rV = P.astype(np.float64), M.astype(np.float64), V.astype(np.float64)
+
+
+def test_adamw_decay_only_where_masked_and_bias_correction():
+    n = 6
+    P = np.full(n, 2.0)
+    G = np.zeros(n)
+    M, V = np.zeros(n), np.zeros(n)
+    mask = np.array([1, 0, 1, 0, 0, 1], np.uint8)
+    lr, wd = 0.1, 0.5
+    adamw_update(P, G, M, V, mask, lr, 0.9, 0.95, 1e-8, wd, 1, 1.0)
+    # zero gradient: only the decoupled decay moves the parameters, only where mask = 1
+    np.testing.assert_array_equal(P, np.where(mask, 2.0 * (1 - lr * wd), 2.0))
+    # first step with bias correction: the update is lr * g/|g| (up to eps) whatever g's size
+    for g in (1e-3, 5.0):
+        P, M, V = np.zeros(3), np.zeros(3), np.zeros(3)
+        adamw_update(P, np.array([g, -g, 0.0]), M, V, np.zeros(3, np.uint8), 0.01, 0.9, 0.95, 1e-12,
+                     0.0, 1, 1.0)
+        np.testing.assert_allclose(P, [-0.01, 0.01, 0.0], rtol=1e-6)
+    # gscale scales the gradient entering the moments
+    P, M, V = np.zeros(2), np.zeros(2), np.zeros(2)
+    adamw_update(P, np.array([2.0, 4.0]), M, V, np.zeros(2, np.uint8), 0.01, 0.9, 0.95, 1e-8, 0.0, 1,
+                 0.25)
+    np.testing.assert_allclose(M, 0.1 * np.array([0.5, 1.0]))
+    np.testing.assert_allclose(V, 0.05 * np.array([0.25, 1.0]))
+
+
+# --------------------------------------------------------------------------------- reductions and fill
+
+@FEW
+@given(n=st.sampled_from([0, 1, 5, _CHUNK - 1, _CHUNK, _CHUNK + 1, 3 * _CHUNK + 11]),
+       dtype=st.sampled_from([np.float64, np.float32]), seed=seeds())
+def test_sumsq(n, dtype, seed):
+    G = (np.random.default_rng(seed).standard_normal(n) * 3).astype(dtype)
+    ref = float(np.sum(G.astype(np.float64) ** 2))
+    got = float(sumsq(G))
+    assert math.isclose(got, ref, rel_tol=1e-12, abs_tol=1e-300), (got, ref)
+
+
+def test_sumsq_accumulates_float32_in_float64():
+    G = np.full(4 * _CHUNK, np.float32(1e-3))
+    # a float32 running sum would lose ~1e-4 relative here; float64 keeps it exact to ~1e-12
+    assert math.isclose(float(sumsq(G)), 4 * _CHUNK * float(np.float32(1e-3)) ** 2, rel_tol=1e-10)
+    big = np.full(10, np.float32(1e20))  # squares overflow float32, not float64
+    assert math.isclose(float(sumsq(big)), 10 * float(np.float32(1e20)) ** 2, rel_tol=1e-6)
+
+
+@FEW
+@given(n=st.sampled_from([1, 9, _CHUNK, 2 * _CHUNK + 5]), bad=st.sampled_from([np.nan, np.inf, -np.inf]),
+       dtype=st.sampled_from([np.float64, np.float32]), where=st.floats(0.0, 1.0), seed=seeds())
+def test_all_finite(n, bad, dtype, where, seed):
+    G = np.random.default_rng(seed).standard_normal(n).astype(dtype)
+    assert all_finite(G)
+    G[min(n - 1, int(where * n))] = bad
+    assert not all_finite(G)
+    assert all_finite(np.zeros(0, dtype))
+
+
+def test_fill():
+    X = np.empty(2 * _CHUNK + 3)
+    fill(X, 1.5)
+    assert np.all(X == 1.5)
+
+
+# ------------------------------------------------------------------------ float32 agrees with float64
+
+@FEW
+@given(attention_case(), st.integers(1, 20), seeds())
+def test_forward_kernels_float32_match_float64(case, M, seed):
+    B, T, H, hd = case
+    d, N = H * hd, B * T
+    rng = np.random.default_rng(seed)
+    f64 = {"X": rng.standard_normal((N, d)), "W": rng.standard_normal((d, M)) * 0.3,
+           "b": rng.standard_normal(M), "qkv": rng.standard_normal((N, 3 * d)),
+           "w": 1 + 0.1 * rng.standard_normal(d), "lb": 0.1 * rng.standard_normal(d)}
+    tokens = rng.integers(0, 5, (B, T)).astype(np.int32)
+    wte, wpe = rng.standard_normal((5, d)), rng.standard_normal((T, d))
+    targets = rng.integers(0, M, N).astype(np.int32)
+
+    def run(dt):
+        a = {k: v.astype(dt) for k, v in f64.items()}
+        out = {}
+        out["linear"] = np.empty((N, M), dt)
+        linear_fwd(a["X"], a["W"], a["b"], out["linear"], 2)
+        out["ln"] = np.empty((N, d), dt)
+        layernorm_fwd(a["X"], a["w"], a["lb"], out["ln"], np.empty(N, dt), np.empty(N, dt))
+        pre, out["gelu"] = out["linear"].copy(), np.empty((N, M), dt)
+        bias_gelu_fwd(pre, a["b"], out["gelu"])
+        out["attn"] = np.empty((N, d), dt)
+        attention_fwd(a["qkv"], B, T, H, np.empty((B, H, T, T), dt), out["attn"])
+        out["emb"] = np.empty((N, d), dt)
+        embedding_fwd(tokens, wte.astype(dt), wpe.astype(dt), out["emb"])
+        out["xent"] = np.empty(N, dt)
+        xent_fwd(out["linear"].copy(), targets, out["xent"])
+        return out
+
+    o64, o32 = run(np.float64), run(np.float32)
+    for k in o64:
+        assert o32[k].dtype == np.float32, k
+        scale = max(1.0, float(np.abs(o64[k]).max()))
+        np.testing.assert_allclose(o32[k], o64[k], rtol=1e-4, atol=1e-5 * scale, err_msg=k)
