@@ -206,6 +206,8 @@ class RGCAsync(SchemeBase):
             try:
                 res = self.results.get(timeout=_WAIT)
             except queue.Empty:
+                if not self._threads:  # workers already stopped by a failure: nothing more finishes
+                    break
                 continue
             out.append(res)
             self.next_result = res.step + 1
