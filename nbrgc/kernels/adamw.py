@@ -9,7 +9,7 @@ from numba import njit, prange
 _CHUNK = 1 << 14
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def sumsq(G):
     n = G.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
@@ -22,7 +22,7 @@ def sumsq(G):
     return part.sum()
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def all_finite(G):
     n = G.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
@@ -35,7 +35,7 @@ def all_finite(G):
     return bad.sum() == 0
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale):
     """One AdamW step at 1-based ``step``; gradients are multiplied by ``gscale`` (clipping) first."""
     bc1 = 1.0 - beta1 ** step
@@ -55,7 +55,7 @@ def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale
             P[i] = p - lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def fill(X, value):
     n = X.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK

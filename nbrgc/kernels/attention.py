@@ -14,14 +14,16 @@ from .fastmath import FLAGS, fexp
 from .gemm import gemm
 
 QB = 64
+_ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and vectorised)
+_ONE = np.float32(1.0)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _qblock(T):
     return QB if T > QB else T
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def attention_fwd(qkv, B, T, H, probs, y):
     """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
     d = qkv.shape[1] // 3
@@ -46,20 +48,20 @@ def attention_fwd(qkv, B, T, H, probs, y):
                 m = row[0]
                 for j in range(1, i + 1):
                     m = max(m, row[j])
-                s = 0.0
+                s = _ZERO
                 for j in range(i + 1):
                     e = fexp(row[j] - m)
                     row[j] = e
                     s += e
-                inv = 1.0 / s
+                inv = _ONE / s
                 for j in range(i + 1):
                     row[j] *= inv
                 for j in range(i + 1, i1):
-                    row[j] = 0.0
+                    row[j] = _ZERO
             gemm(False, False, 1.0, Pb, v[0:i1], 0.0, yh[i0:i1])
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
     """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is consumed (overwritten by the score
     gradients); ``scratch`` (>= 1, T, T) gives each parallel chunk its own dP buffer."""
@@ -102,7 +104,7 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
                 for i in range(i0, i1):
                     prow = P[i]
                     grow = G[i]
-                    s = 0.0
+                    s = _ZERO
                     for j in range(i + 1):
                         s += grow[j] * prow[j]
                     for j in range(i + 1):

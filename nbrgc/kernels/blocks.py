@@ -20,24 +20,24 @@ BLOCK_PARAMS = ("ln1.w", "ln1.b", "attn.wqkv", "attn.bqkv", "attn.wo", "attn.bo"
                 "ln2.w", "ln2.b", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2")
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def _copy_add_bias(x, b, out):
     for i in prange(x.shape[0]):
         for j in range(x.shape[1]):
             out[i, j] = x[i, j] + b[j]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _vec(P, o, n):
     return P[o:o + n]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _mat(P, o, r, c):
     return P[o:o + r * c].reshape((r, c))
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre, ln, g, nt):
     """res[0] is the input of block ``lo``; fills res[1..hi-lo] and the saved activations."""
     d = res.shape[2]
@@ -56,7 +56,7 @@ def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, 
         matmul(g, _mat(P, o[10], 4 * d, d), res[i + 1], 1.0, nt)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre,
                ln, g, datt, dqkv, dP, partial, dcur, nt):
     """``dcur`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of block lo).
@@ -90,7 +90,7 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
                       _vec(G, o[1], d), partial, nt, 1.0)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def decoder_fwd_bwd(Pdec, Gdec, h, targets, lnf, mf, rf, logits, losses, dh, partial, scale, nt):
     """Shared decoder (final LN + head) on ``h``: returns the summed loss, sets dh = scale * dL/dh,
     accumulates decoder gradients into ``Gdec`` (flat: lnf.w, lnf.b, head.w, head.b)."""
@@ -106,7 +106,7 @@ def decoder_fwd_bwd(Pdec, Gdec, h, targets, lnf, mf, rf, logits, losses, dh, par
     return tot
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def decoder_fwd(Pdec, h, targets, lnf, mf, rf, logits, losses, nt):
     """Summed loss only; ``logits`` keep the raw logits."""
     d = h.shape[1]
@@ -117,7 +117,7 @@ def decoder_fwd(Pdec, h, targets, lnf, mf, rf, logits, losses, nt):
     return xent_fwd(logits, targets, losses)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def decoder_logits(Pdec, h, lnf, mf, rf, logits, nt):
     d = h.shape[1]
     V = logits.shape[1]

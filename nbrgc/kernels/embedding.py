@@ -2,7 +2,7 @@
 from numba import njit, prange
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def embedding_fwd(tokens, wte, wpe, out):
     """tokens (B, T) -> out (B*T, d) = wte[token] + wpe[position]."""
     B, T = tokens.shape
@@ -15,7 +15,7 @@ def embedding_fwd(tokens, wte, wpe, out):
             out[n, j] = wte[tok, j] + wpe[t, j]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def embedding_bwd(tokens, dout, dwte, dwpe, nt):
     """dwte[token] += dout, dwpe[t] += sum over batch; column blocks in parallel."""
     B, T = tokens.shape

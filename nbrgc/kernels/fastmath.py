@@ -12,6 +12,8 @@ from numba.extending import intrinsic, overload
 
 # Reassociation and contraction let reductions and polynomials vectorise; no 'nnan'/'ninf', so a
 # NaN still propagates to the divergence checks, and no 'afn', so float64 np.exp stays exact.
+# Kernels also use error_model="numpy": Python's ZeroDivisionError check on every `/` is a branch
+# that stops LLVM vectorising a loop (x / 0 gives inf, and the divergence checks catch it).
 FLAGS = {"reassoc", "contract", "arcp", "nsz"}
 
 _LOG2E = 1.4426950408889634

@@ -59,7 +59,7 @@ def _blas_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
     return impl
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def gemm(ta, tb, alpha, A, B, beta, C):
     """Single-threaded ``C = alpha op(A) op(B) + beta C`` on row-major views with unit column stride."""
     M, N = C.shape
@@ -77,7 +77,7 @@ def gemm(ta, tb, alpha, A, B, beta, C):
           beta, C, np.int32(C.strides[0] // isz))
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def matmul(A, B, C, beta, nt):
     """C = A @ B + beta C, rows of C split over ``nt`` threads."""
     M = C.shape[0]
@@ -90,7 +90,7 @@ def matmul(A, B, C, beta, nt):
             gemm(False, False, 1.0, A[s:e], B, beta, C[s:e])
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def matmul_nt(A, B, C, beta, nt):
     """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows split over threads."""
     M = C.shape[0]
@@ -103,7 +103,7 @@ def matmul_nt(A, B, C, beta, nt):
             gemm(False, True, 1.0, A[s:e], B, beta, C[s:e])
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def matmul_tn(A, B, C, beta, nt):
     """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows of C split over threads."""
     K = C.shape[0]
@@ -116,14 +116,14 @@ def matmul_tn(A, B, C, beta, nt):
             gemm(True, False, 1.0, A[:, s:e], B, beta, C[s:e])
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def add_bias(Y, b):
     for i in prange(Y.shape[0]):
         for j in range(Y.shape[1]):
             Y[i, j] += b[j]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def colsum_acc(dY, db, nt):
     """db += sum over rows of dY, split over column blocks (no write races, rows read contiguously)."""
     N, M = dY.shape
@@ -137,14 +137,14 @@ def colsum_acc(dY, db, nt):
                 db[j] += dY[r, j]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def linear_fwd(X, W, b, Y, nt):
     """Y = X @ W + b."""
     matmul(X, W, Y, 0.0, nt)
     add_bias(Y, b)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta):
     """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX."""
     matmul_tn(X, dY, dW, 1.0, nt)

@@ -5,7 +5,7 @@ from numba import njit, prange
 EPS = 1e-5
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def layernorm_fwd(X, w, b, Y, mean, rstd):
     N, D = X.shape
     for i in prange(N):
@@ -24,7 +24,7 @@ def layernorm_fwd(X, w, b, Y, mean, rstd):
             Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def layernorm_apply(X, w, b, mean, rstd, Y):
     """Recompute the forward output from saved statistics (backward needs it; storing it costs memory)."""
     N, D = X.shape
@@ -35,7 +35,7 @@ def layernorm_apply(X, w, b, mean, rstd, Y):
             Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def layernorm_bwd(dY, X, w, mean, rstd, dX, dw, db, partial, nt, dx_beta):
     """dX = dx_beta * dX + dLN/dX^T dY; dw += sum dY*xhat; db += sum dY.
 

@@ -4,8 +4,10 @@ from numba import njit, prange
 
 from .fastmath import FLAGS, fexp
 
+_ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and vectorised)
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def xent_fwd_bwd(logits, targets, losses, scale):
     """Row losses into ``losses``; logits <- scale * (softmax - onehot). Returns the sum of losses."""
     N, V = logits.shape
@@ -16,7 +18,7 @@ def xent_fwd_bwd(logits, targets, losses, scale):
         for j in range(1, V):
             if logits[i, j] > m:
                 m = logits[i, j]
-        s = 0.0
+        s = _ZERO
         for j in range(V):
             e = fexp(logits[i, j] - m)
             logits[i, j] = e
@@ -32,7 +34,7 @@ def xent_fwd_bwd(logits, targets, losses, scale):
     return tot
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS)
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def xent_fwd(logits, targets, losses):
     """Row losses only (evaluation); logits are left untouched. Returns the sum."""
     N, V = logits.shape
@@ -41,7 +43,7 @@ def xent_fwd(logits, targets, losses):
         for j in range(1, V):
             if logits[i, j] > m:
                 m = logits[i, j]
-        s = 0.0
+        s = _ZERO
         for j in range(V):
             s += fexp(logits[i, j] - m)
         losses[i] = np.log(s) + m - logits[i, targets[i]]

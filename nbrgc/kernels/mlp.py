@@ -13,16 +13,19 @@ _C2 = np.float32(2.0 * np.sqrt(2.0 / np.pi))
 _A = np.float32(0.044715)
 _A3 = np.float32(3.0 * 0.044715)
 _LIM = np.float32(40.0)
+# float32 literals: a float64 literal would promote every float32 element to float64 (half the
+# vector width, and the scalar float64 exp). They are exact, so float64 inputs lose nothing.
+_ONE = np.float32(1.0)
 
 
-@njit(nogil=True, inline="always", cache=True)
+@njit(nogil=True, inline="always", cache=True, error_model="numpy")
 def _sig2u(x):
     u = _C2 * (x + _A * x * x * x)
     u = min(max(u, -_LIM), _LIM)
-    return 1.0 / (1.0 + fexp(-u))
+    return _ONE / (_ONE + fexp(-u))
 
 
-@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True)
+@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
 def bias_gelu_fwd(pre, b, out):
     """pre += b (kept for the backward), out = gelu(pre)."""
     N, M = pre.shape
@@ -35,7 +38,7 @@ def bias_gelu_fwd(pre, b, out):
             o[j] = x * _sig2u(x)
 
 
-@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True)
+@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
 def gelu_fwd(pre, out):
     N, M = pre.shape
     for i in prange(N):
@@ -46,7 +49,7 @@ def gelu_fwd(pre, out):
             o[j] = x * _sig2u(x)
 
 
-@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True)
+@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
 def gelu_bwd(pre, dg):
     """dg <- dg * gelu'(pre), in place."""
     N, M = pre.shape
@@ -56,4 +59,4 @@ def gelu_bwd(pre, dg):
         for j in range(M):
             x = p[j]
             s = _sig2u(x)
-            g[j] *= s + x * s * (1.0 - s) * _C2 * (1.0 + _A3 * x * x)
+            g[j] *= s + x * s * (_ONE - s) * _C2 * (_ONE + _A3 * x * x)
