@@ -33,11 +33,12 @@ def workspace_bytes(cfg, B, T, n_blocks, itemsize, nt, decoder=True):
 def estimate(cfg, tc, B, T, nt):
     """Bytes by component for a run of mode ``tc.mode`` (parameters, gradients, AdamW moments,
     activations and, for rgc-async, the hand-off ring and decoder copies)."""
-    from .model import Layout
     item = 4
-    P = Layout(cfg).size
-    dec = cfg.d_model * 2 + cfg.d_model * cfg.vocab + cfg.vocab
-    out = {"params": P * item, "grads": P * item, "adamw": 2 * P * item}
+    d, V = cfg.d_model, cfg.vocab
+    dec = d * 2 + d * V + V
+    P = (V + cfg.ctx) * d + cfg.n_layer * (12 * d * d + 13 * d) + dec  # = Layout(cfg).size, O(1)
+    out = {"params": P * item, "grads": P * item, "adamw": 2 * P * item,
+           "eval_batches": 2 * 4 * tc.eval_batches * B * T}  # the held-out (x, y) int32 batches
     L = cfg.n_layer
     if tc.mode == "bp":
         out["activations"] = workspace_bytes(cfg, B, T, L, item, nt)

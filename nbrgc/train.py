@@ -32,6 +32,39 @@ from .threads import cpu_count, describe, limit_blas, set_threads
 CONFIG_FILE = "run.json"
 
 
+class FaultHook:
+    """Fault injection for tests; nbrgc-train builds one from the environment variable NBRGC_FAULT.
+
+    ``raise:STAGE:STEP`` raises RuntimeError in that stage at that 0-based step (the step numbering
+    of error messages; the JSON log's ``step`` is that + 1); ``nan:STAGE:STEP`` fills that stage's
+    block parameters with NaN for that one step (restored when the stage starts its next step).
+    Join several with ``,``. bp has one stage, 0. rgc-async calls the hook in the stage's worker
+    thread; bp and rgc-sync call it for every stage before the step."""
+
+    def __init__(self, spec):
+        self.faults, self.saved, self.flat, self.ranges = set(), {}, None, None
+        for part in str(spec).split(","):
+            bits = part.strip().split(":")
+            if len(bits) != 3 or bits[0] not in ("raise", "nan") or not all(
+                    b.strip().isdigit() for b in bits[1:]):
+                raise ConfigError(f"NBRGC_FAULT: expected raise:STAGE:STEP or nan:STAGE:STEP, got {part!r}")
+            self.faults.add((bits[0], int(bits[1]), int(bits[2])))
+
+    def bind(self, model, ranges):
+        self.flat, self.ranges = model.flat, ranges
+
+    def __call__(self, k, t):
+        if k in self.saved:
+            lo, hi, old = self.saved.pop(k)
+            self.flat[lo:hi] = old
+        if ("raise", k, t) in self.faults:
+            raise RuntimeError(f"injected fault in stage {k} at step {t} (NBRGC_FAULT)")
+        if ("nan", k, t) in self.faults and self.ranges is not None and k < len(self.ranges):
+            lo, hi = self.ranges[k]
+            self.saved[k] = (lo, hi, self.flat[lo:hi].copy())
+            self.flat[lo:hi] = np.nan
+
+
 def _resolve_data(data, log):
     from .data import Dataset, load_dataset
     if isinstance(data, Dataset):
@@ -114,6 +147,8 @@ class Trainer:
             try:
                 with open(path) as f:
                     theirs = json.load(f)
+                if not isinstance(theirs, dict):
+                    raise ValueError
             except (OSError, ValueError):
                 raise NbrgcError(f"{path} is unreadable; pass --force to start a new run there") from None
             if not self.resume:
@@ -123,6 +158,15 @@ class Trainer:
                 if theirs.get(key) != mine[key]:
                     raise NbrgcError(f"{self.out} holds a run with another {key.replace('_', ' ')}; "
                                      "use another --out or --force")
+        if self.force and not self.resume:  # starting over: a later --resume must not find the old run
+            old = ckpt.list_checkpoints(self.out)
+            for p in old:
+                try:
+                    os.remove(p)
+                except OSError as exc:
+                    raise NbrgcError(f"--force: cannot remove {p}: {exc.strerror or exc}") from None
+            if old:
+                self.info(f"--force: removed {len(old)} checkpoint(s) of the previous run in {self.out}")
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(mine, f, indent=1)
@@ -159,6 +203,8 @@ class Trainer:
         self.info(f"parameters: {model.n_params:,}")
         scheme = make_scheme(model, tc, fault_hook=self.fault_hook, log=self.info)
         stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)
+        if hasattr(self.fault_hook, "bind"):
+            self.fault_hook.bind(model, [model.layout.block_range(lo, hi) for lo, hi in stages])
         batches = Batches(self.data.train, tc.batch, self.seq, seed=tc.seed)
         held_out = eval_batches(self.data.val, tc.batch, self.seq, tc.eval_batches, seed=tc.seed + 1)
         start = 0
@@ -186,6 +232,9 @@ class Trainer:
                 t_sub = time.perf_counter()
                 if step == first_timed:
                     seg_t0 = t_sub
+                if self.fault_hook is not None and tc.mode != "rgc-async":
+                    for k in range(len(stages)):
+                        self.fault_hook(k, step)
                 scheme.submit(step, x, y, lr_at(step, tc))
                 step += 1
                 results = scheme.poll()
@@ -239,7 +288,8 @@ class Trainer:
             if step > done:  # pragma: no cover - drain always completes submitted steps
                 step = done
             last_ckpt = self._save(model, scheme, batches, step) or last_ckpt
-            self.info(f"{self._stop_reason}: checkpoint written at step {step}")
+            self.info(f"{self._stop_reason}: " + (f"checkpoint written at step {step}" if self.out is not None
+                      else f"stopped at step {step} (no --out: nothing saved)"))
         if last_eval is None and step > start:
             last_eval = self._evaluate(model, held_out, stages, eval_ws, step, t_start)
         wall = time.perf_counter() - t_start
@@ -277,7 +327,9 @@ class Trainer:
             return None
         if not all(math.isfinite(v) for v in res["val_stage_bpb"]):
             from .errors import DivergenceError
-            raise DivergenceError(f"non-finite validation loss at step {step}")
+            bad = [k for k, v in enumerate(res["val_stage_bpb"]) if not math.isfinite(v)]
+            raise DivergenceError(f"non-finite validation loss at step {step} (stage{'s' * (len(bad) > 1)} "
+                                  f"{', '.join(map(str, bad))}); no checkpoint written at this step")
         rec = {"step": step, "val_bpb": res["val_bpb"], "elapsed_s": time.perf_counter() - t_start}
         if len(stages) > 1:
             rec["val_stage_bpb"] = res["val_stage_bpb"]

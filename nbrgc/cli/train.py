@@ -1,5 +1,6 @@
 """nbrgc-train: train a byte-level Transformer by global backprop or bounded-horizon RGC."""
 import argparse
+import os
 import sys
 
 from . import run_main
@@ -13,9 +14,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _positive_float(text):
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
 
 
 def build_parser():
@@ -78,6 +82,8 @@ def parse(argv=None):
     seq = a.seq or mcfg.ctx
     if a.seq < 0:
         raise ConfigError(f"--seq must be >= 0, got {a.seq}")
+    if batch < 1:  # checked here too: --tokens divides by it
+        raise ConfigError(f"batch must be >= 1, got {batch}")
     steps = a.steps
     if a.tokens is not None:
         if a.tokens < 1:
@@ -111,6 +117,8 @@ def parse(argv=None):
         if groups and sum(groups) > 4 * cpu_count():
             raise ConfigError(f"--stage-threads total {sum(groups)} is far beyond this machine's "
                               f"{cpu_count()} cores")
+    if a.out is not None and not a.out.strip():
+        raise ConfigError("--out needs a folder name")
     if a.resume and not a.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
     return mcfg, tc, a
@@ -123,13 +131,15 @@ def main(argv=None):
 def _main(argv):
     mcfg, tc, a = parse(argv)
     from ..data import load_dataset
-    from ..train import Trainer
+    from ..train import FaultHook, Trainer
+    fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.train.FaultHook
+    fault_hook = FaultHook(fault) if fault else None
     ds = load_dataset(a.dataset, data_dir=a.data_dir, log=lambda m: print(m, file=sys.stderr),
                       seq=tc.seq or mcfg.ctx)
     trainer = Trainer(mcfg, tc, ds, a.out, resume=a.resume, force=a.force, json_lines=a.json,
                       progress=not a.quiet, data_spec=a.dataset,
                       max_memory=None if a.max_memory is None else a.max_memory * 2**20,
-                      time_limit=a.time)
+                      time_limit=a.time, fault_hook=fault_hook)
     trainer.run()
     return 0
 
