@@ -6,10 +6,12 @@ Decoupled weight decay (PyTorch order: p *= 1 - lr*wd, then the Adam step), appl
 import numpy as np
 from numba import njit, prange
 
+from .fastmath import FLAGS
+
 _CHUNK = 1 << 14
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def sumsq(G):
     n = G.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
@@ -35,7 +37,7 @@ def all_finite(G):
     return bad.sum() == 0
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale):
     """One AdamW step at 1-based ``step``; gradients are multiplied by ``gscale`` (clipping) first."""
     bc1 = 1.0 - beta1 ** step

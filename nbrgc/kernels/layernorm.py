@@ -1,11 +1,17 @@
-"""LayerNorm over the last axis (eps 1e-5), rows in parallel; backward reduces dw/db per thread block."""
+"""LayerNorm over the last axis (eps 1e-5), rows in parallel; backward reduces dw/db per thread block.
+
+Row statistics accumulate in float64; reassociation (FLAGS) lets those sums vectorise instead of
+waiting on one add chain.
+"""
 import numpy as np
 from numba import njit, prange
+
+from .fastmath import FLAGS
 
 EPS = 1e-5
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def layernorm_fwd(X, w, b, Y, mean, rstd):
     N, D = X.shape
     for i in prange(N):
@@ -24,7 +30,7 @@ def layernorm_fwd(X, w, b, Y, mean, rstd):
             Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def layernorm_apply(X, w, b, mean, rstd, Y):
     """Recompute the forward output from saved statistics (backward needs it; storing it costs memory)."""
     N, D = X.shape
@@ -35,7 +41,7 @@ def layernorm_apply(X, w, b, mean, rstd, Y):
             Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def layernorm_bwd(dY, X, w, mean, rstd, dX, dw, db, partial, nt, dx_beta):
     """dX = dx_beta * dX + dLN/dX^T dY; dw += sum dY*xhat; db += sum dY.
 
