@@ -362,7 +362,8 @@ class RGCAsync(SchemeBase):
         losses = [float(v) for v in b["losses"][r]]
         norms = b["norms"][r]
         skipped = bool(b["skipped"][r].any())
-        self.opt_dec.step(lr, 1.0, P=new, G=mean)
+        if not skipped:  # --on-nan skip: a round with a skipped stage leaves the decoder as it was
+            self.opt_dec.step(lr, 1.0, P=new, G=mean)
         res = StepResult(t, losses[-1], losses, float(np.nanmax(norms)) if not skipped else float("nan"),
                          skipped)
         with self.cond:

@@ -64,6 +64,7 @@ class RGCSync(SchemeBase):
             norms.append(norm)
         mean = self.rgc.close(0)
         G[self.dec_lo:self.dec_hi] = mean
-        self.opt_dec.step(lr)
+        if not skipped:  # --on-nan skip: a step with a skipped stage leaves the decoder as it was
+            self.opt_dec.step(lr)
         self.done.append(StepResult(step, losses[-1], losses, float(np.nanmax(norms)) if not skipped
                                     else float("nan"), skipped))
