@@ -110,6 +110,11 @@ def _threads():
     return numba.get_num_threads()
 
 
+def _plan(cfg, N, dtype):
+    from .gemm_plan import plan_for
+    return plan_for(cfg.d_model, cfg.vocab, N, dtype)
+
+
 class Model:
     """``Model(cfg, seed=0, dtype=np.float32)``: parameters, gradients and the compute entry points."""
 
@@ -202,7 +207,8 @@ class Model:
             ws.dcur[...] = dh_out
         blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
                    ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
-                   ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads())
+                   ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads(),
+                   _plan(self.cfg, ws.B * ws.T, self.dtype))
         return ws.dcur
 
     def decoder_params(self):
@@ -219,7 +225,8 @@ class Model:
         ws.targets[...] = np.asarray(y).reshape(-1)
         n = ws.targets.shape[0]
         tot = decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits,
-                              ws.losses, ws.dh, ws.partial, 1.0 / n, _threads())
+                              ws.losses, ws.dh, ws.partial, 1.0 / n, _threads(),
+                              _plan(self.cfg, n, self.dtype))
         return tot / n, ws.dh
 
     def decoder_loss(self, h, y, ws, pdec=None):

@@ -91,29 +91,50 @@ def matmul(A, B, C, beta, nt):
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def matmul_nt(A, B, C, beta, nt):
-    """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows split over threads."""
-    M = C.shape[0]
-    nb = max(1, min(nt, M // 16))
-    step = (M + nb - 1) // nb
-    for i in prange(nb):
-        s = i * step
-        e = min(M, s + step)
-        if s < e:
-            gemm(False, True, 1.0, A[s:e], B, beta, C[s:e])
+def matmul_nt(A, B, C, beta, nt, split=0):
+    """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows (split 0) or columns (split 1) of C
+    over threads. Which is faster depends on the shape (see nbrgc.gemm_plan); the result is the
+    same to the bit either way (every element is one full-length dot product inside one BLAS call)."""
+    M, N = C.shape
+    if split == 0:
+        nb = max(1, min(nt, M // 16))
+        step = (M + nb - 1) // nb
+        for i in prange(nb):
+            s = i * step
+            e = min(M, s + step)
+            if s < e:
+                gemm(False, True, 1.0, A[s:e], B, beta, C[s:e])
+    else:
+        nb = max(1, min(nt, N // 16))
+        step = (N + nb - 1) // nb
+        for i in prange(nb):
+            s = i * step
+            e = min(N, s + step)
+            if s < e:
+                gemm(False, True, 1.0, A, B[s:e], beta, C[:, s:e])
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def matmul_tn(A, B, C, beta, nt):
-    """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows of C split over threads."""
-    K = C.shape[0]
-    nb = max(1, min(nt, K // 8))
-    step = (K + nb - 1) // nb
-    for i in prange(nb):
-        s = i * step
-        e = min(K, s + step)
-        if s < e:
-            gemm(True, False, 1.0, A[:, s:e], B, beta, C[s:e])
+def matmul_tn(A, B, C, beta, nt, split=0):
+    """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows (split 0) or columns (split 1) of C
+    over threads."""
+    K, N = C.shape
+    if split == 0:
+        nb = max(1, min(nt, K // 8))
+        step = (K + nb - 1) // nb
+        for i in prange(nb):
+            s = i * step
+            e = min(K, s + step)
+            if s < e:
+                gemm(True, False, 1.0, A[:, s:e], B, beta, C[s:e])
+    else:
+        nb = max(1, min(nt, N // 16))
+        step = (N + nb - 1) // nb
+        for i in prange(nb):
+            s = i * step
+            e = min(N, s + step)
+            if s < e:
+                gemm(True, False, 1.0, A, B[:, s:e], beta, C[:, s:e])
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -145,8 +166,8 @@ def linear_fwd(X, W, b, Y, nt):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta):
-    """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX."""
-    matmul_tn(X, dY, dW, 1.0, nt)
+def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta, split_w=0, split_x=0):
+    """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX (dX may alias X)."""
+    matmul_tn(X, dY, dW, 1.0, nt, split_w)
     colsum_acc(dY, db, nt)
-    matmul_nt(dY, W, dX, dx_beta, nt)
+    matmul_nt(dY, W, dX, dx_beta, nt, split_x)
