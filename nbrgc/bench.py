@@ -243,6 +243,11 @@ def launch(spec, timeout=None):
     """Run one worker in a fresh process; returns its result dict plus ``peak_rss_mib`` (the child's
     ``ru_maxrss`` from ``wait4``) and ``process_wall_s``. Raises NbrgcError when the worker fails."""
     cmd = [sys.executable, "-m", "nbrgc.bench", "--worker", json.dumps(spec)]
+    if spec.get("mode") == "torch":
+        # PyTorch loads first: with Numba's OpenMP pool started before it (importing nbrgc does),
+        # PyTorch's own OpenMP runtime ran ~10x slower on `paper` here (15 s/step instead of 1.3).
+        cmd = [sys.executable, "-c", "import sys, torch; from nbrgc.bench import worker_main; "
+               "sys.exit(worker_main(sys.argv[1:]))", "--worker", json.dumps(spec)]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
