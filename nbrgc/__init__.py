@@ -13,6 +13,9 @@ from .errors import NbrgcError, ConfigError, DataError, CheckpointError  # noqa:
 from .config import ModelConfig, TrainConfig, PRESETS, preset  # noqa: E402
 
 __version__ = "0.1.0"
+__all__ = ["Model", "ModelConfig", "TrainConfig", "PRESETS", "preset", "train", "Trainer",
+           "local_loss_and_grad", "NbrgcError", "ConfigError", "DataError", "CheckpointError",
+           "THREADING_LAYER"]
 
 
 def __getattr__(name):

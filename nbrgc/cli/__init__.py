@@ -1,7 +1,35 @@
 """Thin command-line front ends: parse, validate, call the library, print one-line errors."""
+import argparse
 import sys
 
 from ..errors import NbrgcError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one ``error:`` line and exit 2 (no usage dump)."""
+
+    def error(self, message):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def finite_number(text):
+    """argparse type: a finite float (nan and inf would silently disable checks)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def integer(text):
+    """argparse type: an integer, with a one-line message."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
 def run_main(fn, argv=None):

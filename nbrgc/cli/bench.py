@@ -7,17 +7,11 @@ Example: nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --thread
 import argparse
 import sys
 
-from . import run_main
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
+from . import OneLineParser, run_main
 
 
 def build_parser():
-    p = _Parser(prog="nbrgc-bench", description=__doc__,
+    p = OneLineParser(prog="nbrgc-bench", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="small", help="preset: tiny | small | paper (default small)")
     for name in ("n-layer", "d-model", "n-head", "ctx"):

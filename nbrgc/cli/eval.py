@@ -9,24 +9,11 @@ import argparse
 import json
 import sys
 
-from . import run_main
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _integer(text):
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+from . import OneLineParser, integer, run_main
 
 
 def build_parser():
-    p = _Parser(prog="nbrgc-eval", description=__doc__,
+    p = OneLineParser(prog="nbrgc-eval", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="CKPT", help="a ckpt-*.nbrgc file or a run folder")
     p.add_argument("--dataset", "--data", dest="dataset", default=None,
@@ -34,12 +21,12 @@ def build_parser():
                         "(default: the dataset the checkpoint was trained on)")
     p.add_argument("--data-dir", default=None, help="download/cache folder (env NBRGC_DATA)")
     p.add_argument("--split", default="val", help="val (default) or test")
-    p.add_argument("--bytes", type=_integer, default=None,
+    p.add_argument("--bytes", type=integer, default=None,
                    help="evaluate only the first N bytes of the split (N - 1 predictions)")
-    p.add_argument("--batch", type=_integer, default=16, help="windows per forward pass (default 16)")
-    p.add_argument("--stride", type=_integer, default=None, help="window advance (default ctx/2; "
+    p.add_argument("--batch", type=integer, default=16, help="windows per forward pass (default 16)")
+    p.add_argument("--stride", type=integer, default=None, help="window advance (default ctx/2; "
                    "1 gives every byte the full ctx of context)")
-    p.add_argument("--threads", type=_integer, default=0, help="Numba threads (0: all cores)")
+    p.add_argument("--threads", type=integer, default=0, help="Numba threads (0: all cores)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"bpb", "bytes", "split", "checkpoint", ...} on stdout')
     p.add_argument("--quiet", action="store_true", help="no progress bar")

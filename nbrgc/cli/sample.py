@@ -8,41 +8,21 @@ irrelevant).
 import argparse
 import sys
 
-from . import run_main
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _number(text):
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-def _integer(text):
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+from . import OneLineParser, finite_number, integer, run_main
 
 
 def build_parser():
-    p = _Parser(prog="nbrgc-sample", description=__doc__,
+    p = OneLineParser(prog="nbrgc-sample", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="CKPT", help="a ckpt-*.nbrgc file or a run folder")
     p.add_argument("--prompt", default="", help="text to continue (UTF-8); default: empty")
     p.add_argument("--prompt-file", default=None, help="read the prompt's bytes from this file instead")
-    p.add_argument("--bytes", type=_integer, default=256, help="bytes to generate (default 256)")
-    p.add_argument("--temperature", type=_number, default=1.0, help="> 0, or 0 for greedy (default 1)")
-    p.add_argument("--top-k", type=_integer, default=256, help="sample among the k most likely bytes, "
+    p.add_argument("--bytes", type=integer, default=256, help="bytes to generate (default 256)")
+    p.add_argument("--temperature", type=finite_number, default=1.0, help="> 0, or 0 for greedy (default 1)")
+    p.add_argument("--top-k", type=integer, default=256, help="sample among the k most likely bytes, "
                    "1..256 (default 256: all)")
-    p.add_argument("--seed", type=_integer, default=0, help="random seed (default 0)")
-    p.add_argument("--threads", type=_integer, default=0, help="Numba threads (0: all cores)")
+    p.add_argument("--seed", type=integer, default=0, help="random seed (default 0)")
+    p.add_argument("--threads", type=integer, default=0, help="Numba threads (0: all cores)")
     return p
 
 

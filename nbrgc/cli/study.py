@@ -9,24 +9,11 @@ Example: nbrgc-study --dataset ../shared/data/enwik6 --config small --methods bp
 import argparse
 import sys
 
-from . import run_main
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _num(text):
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+from . import OneLineParser, finite_number, run_main
 
 
 def build_parser():
-    p = _Parser(prog="nbrgc-study", description=__doc__,
+    p = OneLineParser(prog="nbrgc-study", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", "--data", dest="dataset", default="default",
                    help="enwik8 | tinystories | default | text:PATH | a file path (default: default)")
@@ -38,12 +25,12 @@ def build_parser():
     p.add_argument("--seeds", default="5", help="a count N (seeds 0..N-1) or a list 0,3,7 (default 5)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 300)")
     p.add_argument("--tokens", type=int, default=None, help="token budget per run (wins over --steps)")
-    p.add_argument("--margin", type=_num, default=0.01, help="non-inferiority margin (default 0.01)")
-    p.add_argument("--conf", type=_num, default=0.95, help="confidence level (default 0.95)")
+    p.add_argument("--margin", type=finite_number, default=0.01, help="non-inferiority margin (default 0.01)")
+    p.add_argument("--conf", type=finite_number, default=0.95, help="confidence level (default 0.95)")
     p.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (default 10000)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default: preset's)")
     p.add_argument("--seq", type=int, default=0, help="sequence length (0: ctx)")
-    p.add_argument("--lr", type=_num, default=1e-3)
+    p.add_argument("--lr", type=finite_number, default=1e-3)
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 5%% of steps)")
     p.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (and "
                    "checkpoints; default steps/10)")

@@ -3,27 +3,11 @@ import argparse
 import os
 import sys
 
-from . import run_main
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's default prints usage first)
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
+from . import OneLineParser, finite_number, run_main
 
 
 def build_parser():
-    p = _Parser(prog="nbrgc-train", description=__doc__,
+    p = OneLineParser(prog="nbrgc-train", description=__doc__,
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", "--data", dest="dataset", default="default",
@@ -42,15 +26,15 @@ def build_parser():
     g = p.add_argument_group("budget (the first given wins: --time, --tokens, --steps)")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
     g.add_argument("--tokens", type=int, default=None, help="train on this many tokens")
-    g.add_argument("--time", type=_positive_float, default=None, help="stop after this many seconds")
+    g.add_argument("--time", type=finite_number, default=None, help="stop after this many seconds")
     g = p.add_argument_group("optimization")
     g.add_argument("--batch", type=int, default=None, help="sequences per step (default: preset's)")
     g.add_argument("--seq", type=int, default=0, help="sequence length (0: ctx)")
-    g.add_argument("--lr", type=_positive_float, default=1e-3)
-    g.add_argument("--min-lr-frac", type=_positive_float, default=0.1)
+    g.add_argument("--lr", type=finite_number, default=1e-3)
+    g.add_argument("--min-lr-frac", type=finite_number, default=0.1)
     g.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 5%% of steps)")
-    g.add_argument("--weight-decay", type=_positive_float, default=0.1)
-    g.add_argument("--grad-clip", type=_positive_float, default=1.0, help="0 disables")
+    g.add_argument("--weight-decay", type=finite_number, default=0.1)
+    g.add_argument("--grad-clip", type=finite_number, default=1.0, help="0 disables")
     g.add_argument("--on-nan", default="stop", help="stop | skip")
     g = p.add_argument_group("evaluation and output")
     g.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
@@ -66,7 +50,7 @@ def build_parser():
     g = p.add_argument_group("machine")
     g.add_argument("--threads", type=int, default=0, help="total thread budget (0: all cores)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-memory", type=_positive_float, default=None,
+    g.add_argument("--max-memory", type=finite_number, default=None,
                    help="allowed peak memory in MiB (default: what is available)")
     return p
 
