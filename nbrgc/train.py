@@ -275,21 +275,25 @@ class Trainer:
         except KeyboardInterrupt:
             self.request_stop("interrupted")
         finally:
-            self._restore_signals(handlers)
             try:
                 results = scheme.drain()
             finally:
                 scheme.close()
-            if bar is not None:
-                bar.close()
-        if self._stop.is_set():
-            for r in results:
-                done = r.step + 1
-            if step > done:  # pragma: no cover - drain always completes submitted steps
-                step = done
-            last_ckpt = self._save(model, scheme, batches, step) or last_ckpt
-            self.info(f"{self._stop_reason}: " + (f"checkpoint written at step {step}" if self.out is not None
-                      else f"stopped at step {step} (no --out: nothing saved)"))
+                if bar is not None:
+                    bar.close()
+        # The handlers stay until the stop checkpoint is written: a second Ctrl-C only repeats the
+        # request instead of killing the save.
+        try:
+            if self._stop.is_set():
+                for r in results:
+                    done = r.step + 1
+                if step > done:  # pragma: no cover - drain always completes submitted steps
+                    step = done
+                last_ckpt = self._save(model, scheme, batches, step) or last_ckpt
+                self.info(f"{self._stop_reason}: " + (f"checkpoint written at step {step}" if self.out is not None
+                          else f"stopped at step {step} (no --out: nothing saved)"))
+        finally:
+            self._restore_signals(handlers)
         if last_eval is None and step > start:
             last_eval = self._evaluate(model, held_out, stages, eval_ws, step, t_start)
         wall = time.perf_counter() - t_start
