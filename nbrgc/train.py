@@ -277,6 +277,9 @@ class Trainer:
         finally:
             try:
                 results = scheme.drain()
+            except BaseException:
+                self._restore_signals(handlers)
+                raise
             finally:
                 scheme.close()
                 if bar is not None:
