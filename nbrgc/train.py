@@ -274,6 +274,9 @@ class Trainer:
                         break
         except KeyboardInterrupt:
             self.request_stop("interrupted")
+        except BaseException:
+            self._restore_signals(handlers)
+            raise
         finally:
             try:
                 results = scheme.drain()
