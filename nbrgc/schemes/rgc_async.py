@@ -241,8 +241,6 @@ class RGCAsync(SchemeBase):
             k, exc = self.error
             self.error = None
             self._shutdown()
-            if isinstance(exc, NbrgcError) and not isinstance(exc, StageError):
-                raise StageError(k, exc) from exc
             raise StageError(k, exc) from exc
 
     def _wait(self, pred):
