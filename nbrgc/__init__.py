@@ -27,6 +27,8 @@ def __getattr__(name):
         from .local import local_loss_and_grad
         return local_loss_and_grad
     if name in ("train", "Trainer"):
-        from . import train as _train
-        return getattr(_train, name)
+        # the module is nbrgc.trainer, so `nbrgc.train` is always the function, whatever was
+        # imported before
+        import importlib
+        return getattr(importlib.import_module(".trainer", __name__), name)
     raise AttributeError(name)

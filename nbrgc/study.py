@@ -230,7 +230,7 @@ class Study:
         return out
 
     def _train(self, method, seed, key, run_dir):
-        from .train import Trainer
+        from .trainer import Trainer
         tc = train_config(method, seed, self.base_tc)
         resume = os.path.exists(os.path.join(run_dir, "run.json"))
         note = (lambda m: self.log("    " + m)) if self.verbose else (lambda m: None)

@@ -115,8 +115,8 @@ def main(argv=None):
 def _main(argv):
     mcfg, tc, a = parse(argv)
     from ..data import load_dataset
-    from ..train import FaultHook, Trainer
-    fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.train.FaultHook
+    from ..trainer import FaultHook, Trainer
+    fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.trainer.FaultHook
     fault_hook = FaultHook(fault) if fault else None
     ds = load_dataset(a.dataset, data_dir=a.data_dir, log=lambda m: print(m, file=sys.stderr),
                       seq=tc.seq or mcfg.ctx)
