@@ -13,7 +13,7 @@ def test_readme_api(tmp_path):
     assert model.params["h.0.attn.wqkv"].shape == (32, 96)
     loss = model.loss(x, y)
     loss2, grads = model.loss_and_grad(x, y)
-    assert loss == loss2 and grads["head.w"].shape == (32, 256)
+    assert abs(loss - loss2) < 1e-6 * loss and grads["head.w"].shape == (32, 256)
     ws = model.workspace(2, 16, 0, 1)
     h = model.forward_blocks(model.embed(x, ws).copy(), 0, 1, ws)
     assert model.backward_blocks(np.ones_like(h), 0, 1, ws).shape == h.shape
