@@ -27,7 +27,7 @@ import nbrgc  # noqa: F401  (thread-safe threading layer first)
 from nbrgc import checkpoint as ck
 from nbrgc.config import TrainConfig, preset
 from nbrgc.data import load_dataset
-from nbrgc.train import Trainer
+from nbrgc.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 N, K, EVERY = 12, 8, 4

@@ -133,7 +133,7 @@ def test_same_seed_same_batches_and_init_for_every_method(tmp_path, monkeypatch)
 
     monkeypatch.setattr(data_mod, "Batches", Recording)
     import importlib
-    monkeypatch.setattr(importlib.import_module("nbrgc.train"), "Model", RecordingModel)
+    monkeypatch.setattr(importlib.import_module("nbrgc.trainer"), "Model", RecordingModel)
     st = study.Study(config="tiny", methods=["bp", "rgc-async", "rgc-sync"], seeds=[0, 1], steps=2,
                      out=str(tmp_path / "s"), n_stages=2, threads=1, log=lambda m: None)
     st.run()
@@ -196,7 +196,7 @@ def test_study_end_to_end_and_cache(tmp_path, capsys):
 
 def test_interrupted_run_resumes(tmp_path, monkeypatch):
     import importlib
-    Trainer = importlib.import_module("nbrgc.train").Trainer
+    Trainer = importlib.import_module("nbrgc.trainer").Trainer
     common = dict(config="tiny", methods=["bp", "rgc-async"], seeds=[0], steps=6, eval_every=3,
                   n_stages=2, threads=1, log=lambda m: None)
     ref = study.Study(out=str(tmp_path / "ref"), **common).run()
