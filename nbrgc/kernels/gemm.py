@@ -78,63 +78,47 @@ def gemm(ta, tb, alpha, A, B, beta, C):
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def matmul(A, B, C, beta, nt):
-    """C = A @ B + beta C, rows of C split over ``nt`` threads."""
-    M = C.shape[0]
-    nb = max(1, min(nt, M // 16))
-    step = (M + nb - 1) // nb
+def _split_gemm(ta, tb, A, B, C, beta, nt, split, min_block):
+    """C = op(A) op(B) + beta C with the rows (split 0) or the columns (split 1) of C cut into at most
+    ``nt`` blocks of at least ``min_block``, one single-threaded BLAS call per block. Every element
+    stays one full-length dot product inside one call, so the split never changes the result."""
+    M, N = C.shape
+    n = M if split == 0 else N
+    nb = max(1, min(nt, n // min_block))
+    step = (n + nb - 1) // nb
     for i in prange(nb):
         s = i * step
-        e = min(M, s + step)
+        e = min(n, s + step)
         if s < e:
-            gemm(False, False, 1.0, A[s:e], B, beta, C[s:e])
+            if split == 0:
+                if ta:
+                    gemm(ta, tb, 1.0, A[:, s:e], B, beta, C[s:e])
+                else:
+                    gemm(ta, tb, 1.0, A[s:e], B, beta, C[s:e])
+            elif tb:
+                gemm(ta, tb, 1.0, A, B[s:e], beta, C[:, s:e])
+            else:
+                gemm(ta, tb, 1.0, A, B[:, s:e], beta, C[:, s:e])
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
+def matmul(A, B, C, beta, nt):
+    """C = A @ B + beta C, rows of C split over ``nt`` threads."""
+    _split_gemm(False, False, A, B, C, beta, nt, 0, 16)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
 def matmul_nt(A, B, C, beta, nt, split=0):
     """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows (split 0) or columns (split 1) of C
-    over threads. Which is faster depends on the shape (see nbrgc.gemm_plan); the result is the
-    same to the bit either way (every element is one full-length dot product inside one BLAS call)."""
-    M, N = C.shape
-    if split == 0:
-        nb = max(1, min(nt, M // 16))
-        step = (M + nb - 1) // nb
-        for i in prange(nb):
-            s = i * step
-            e = min(M, s + step)
-            if s < e:
-                gemm(False, True, 1.0, A[s:e], B, beta, C[s:e])
-    else:
-        nb = max(1, min(nt, N // 16))
-        step = (N + nb - 1) // nb
-        for i in prange(nb):
-            s = i * step
-            e = min(N, s + step)
-            if s < e:
-                gemm(False, True, 1.0, A, B[s:e], beta, C[:, s:e])
+    over threads; which is faster depends on the shape (see nbrgc.gemm_plan)."""
+    _split_gemm(False, True, A, B, C, beta, nt, split, 16)
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, error_model="numpy")
 def matmul_tn(A, B, C, beta, nt, split=0):
     """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows (split 0) or columns (split 1) of C
     over threads."""
-    K, N = C.shape
-    if split == 0:
-        nb = max(1, min(nt, K // 8))
-        step = (K + nb - 1) // nb
-        for i in prange(nb):
-            s = i * step
-            e = min(K, s + step)
-            if s < e:
-                gemm(True, False, 1.0, A[:, s:e], B, beta, C[s:e])
-    else:
-        nb = max(1, min(nt, N // 16))
-        step = (N + nb - 1) // nb
-        for i in prange(nb):
-            s = i * step
-            e = min(N, s + step)
-            if s < e:
-                gemm(True, False, 1.0, A, B[:, s:e], beta, C[:, s:e])
+    _split_gemm(True, False, A, B, C, beta, nt, split, 8 if split == 0 else 16)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
