@@ -23,6 +23,15 @@ def _qblock(T):
     return QB if T > QB else T
 
 
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _heads(rows, H, h):
+    """Head h's q, k, v (T, hd) as strided views of fused [q | k | v] rows (T, 3d)."""
+    d = rows.shape[1] // 3
+    hd = d // H
+    return (rows[:, h * hd:(h + 1) * hd], rows[:, d + h * hd:d + (h + 1) * hd],
+            rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd])
+
+
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def attention_fwd(qkv, B, T, H, probs, y):
     """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
@@ -33,10 +42,7 @@ def attention_fwd(qkv, B, T, H, probs, y):
     for bh in prange(B * H):
         b = bh // H
         h = bh % H
-        rows = qkv[b * T:(b + 1) * T]
-        q = rows[:, h * hd:(h + 1) * hd]
-        k = rows[:, d + h * hd:d + (h + 1) * hd]
-        v = rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
+        q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
         P = probs[b, h]
         yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
         for i0 in range(0, T, qb):
@@ -76,14 +82,8 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
         for bh in range(blk * step, min(B * H, (blk + 1) * step)):
             b = bh // H
             h = bh % H
-            rows = qkv[b * T:(b + 1) * T]
-            q = rows[:, h * hd:(h + 1) * hd]
-            k = rows[:, d + h * hd:d + (h + 1) * hd]
-            v = rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
-            drows = dqkv[b * T:(b + 1) * T]
-            dq = drows[:, h * hd:(h + 1) * hd]
-            dk = drows[:, d + h * hd:d + (h + 1) * hd]
-            dv = drows[:, 2 * d + h * hd:2 * d + (h + 1) * hd]
+            q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
+            dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
             dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
             P = probs[b, h]
             for i0 in range(0, T, qb):
