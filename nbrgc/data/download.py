@@ -59,13 +59,19 @@ def manual_hint(url, dest) -> str:
     return f"download {url} by hand and put it at {dest}"
 
 
+def read_chunks(f, chunk=CHUNK):
+    """The bytes of an open binary file, ``chunk`` at a time (never the whole file in memory)."""
+    while True:
+        b = f.read(chunk)
+        if not b:
+            return
+        yield b
+
+
 def sha256_file(path, chunk=CHUNK) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
+        for b in read_chunks(f, chunk):
             h.update(b)
     return h.hexdigest()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .download import CHUNK, data_dir as _data_dir, ensure_dir, remove, _why
+from .download import data_dir as _data_dir, ensure_dir, read_chunks, remove, _why
 
 SPLIT_NAMES = ("train", "val", "test")
 #: A 90/5/5 split needs 20 * (seq + 1) bytes for every split to hold one window of seq + 1 bytes.
@@ -158,10 +158,7 @@ def concat_folder(root, data_dir=None, log=print) -> Path:
                     out.write(b"\n")
                 try:
                     with open(p, "rb") as f:
-                        while True:
-                            b = f.read(CHUNK)
-                            if not b:
-                                break
+                        for b in read_chunks(f):
                             out.write(b)
                 except OSError as e:
                     raise DataError(f"cannot read {p}: {_why(e)}") from None
