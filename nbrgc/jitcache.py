@@ -14,7 +14,8 @@ def configure():
     if os.environ.get("NUMBA_CACHE_DIR"):
         return numba.config.CACHE_DIR
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")  # all jitted code
-    h = hashlib.sha256(numba.__version__.encode())
+    from .blas import cache_key
+    h = hashlib.sha256(numba.__version__.encode() + cache_key().encode())
     for root, _, files in sorted(os.walk(here)):
         for name in sorted(files):
             if name.endswith(".py"):

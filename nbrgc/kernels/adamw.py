@@ -17,9 +17,10 @@ def sumsq(G):
     nchunks = (n + _CHUNK - 1) // _CHUNK
     part = np.zeros(nchunks)
     for c in prange(nchunks):
+        g = G[c * _CHUNK:min(n, (c + 1) * _CHUNK)]  # a view indexed from 0 vectorises (see below)
         s = 0.0
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            s += np.float64(G[i]) * G[i]
+        for i in range(g.shape[0]):
+            s += np.float64(g[i]) * g[i]
         part[c] = s
     return part.sum()
 
@@ -40,21 +41,34 @@ def all_finite(G):
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale):
     """One AdamW step at 1-based ``step``; gradients are multiplied by ``gscale`` (clipping) first."""
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
+    # The step's constants are formed in float64 once, then held in the buffer's dtype: Python
+    # floats inside the loop would widen every float32 element to float64 (half the vector width,
+    # and float64 sqrt and division), which made this pass compute-bound instead of memory-bound.
+    c = np.empty(7, P.dtype)
+    c[0] = beta1
+    c[1] = 1.0 - beta1
+    c[2] = beta2
+    c[3] = 1.0 - beta2
+    c[4] = lr / (1.0 - beta1 ** step)
+    c[5] = 1.0 / np.sqrt(1.0 - beta2 ** step)
+    c[6] = lr * wd
+    b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, lrwd = c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+    e, gs, one = c[0] * 0 + eps, c[0] * 0 + gscale, c[0] * 0 + 1
     n = P.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    for c in prange(nchunks):
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            g = G[i] * gscale
-            m = beta1 * M[i] + (1.0 - beta1) * g
-            v = beta2 * V[i] + (1.0 - beta2) * g * g
-            M[i] = m
-            V[i] = v
-            p = P[i]
-            if decay_mask[i]:
-                p *= 1.0 - lr * wd
-            P[i] = p - lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+    for ch in prange(nchunks):
+        # chunk views indexed from 0: with range(lo, hi) indices Numba's negative-index wraparound
+        # check stays in the loop and LLVM does not vectorise it
+        lo, hi = ch * _CHUNK, min(n, (ch + 1) * _CHUNK)
+        p_, g_, m_, v_, k_ = P[lo:hi], G[lo:hi], M[lo:hi], V[lo:hi], decay_mask[lo:hi]
+        for i in range(hi - lo):
+            g = g_[i] * gs
+            m = b1 * m_[i] + omb1 * g
+            v = b2 * v_[i] + omb2 * g * g
+            m_[i] = m
+            v_[i] = v
+            p = p_[i] * (one - lrwd * k_[i])
+            p_[i] = p - step_size * m / (np.sqrt(v) * inv_sqrt_bc2 + e)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")

@@ -29,6 +29,7 @@ def embedding_bwd(tokens, dout, dwte, dwpe, nt):
             for t in range(T):
                 tok = tokens[b, t]
                 n = b * T + t
-                for j in range(s, e):
-                    dwte[tok, j] += dout[n, j]
-                    dwpe[t, j] += dout[n, j]
+                te, pe, g = dwte[tok, s:e], dwpe[t, s:e], dout[n, s:e]  # 0-based views vectorise
+                for j in range(e - s):
+                    te[j] += g[j]
+                    pe[j] += g[j]

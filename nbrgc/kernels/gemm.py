@@ -6,7 +6,9 @@ row (or column) blocks, so ``numba.set_num_threads`` in a stage worker governs i
 without copies) and ``beta`` (gradient accumulation in place).
 
 The BLAS symbol is registered with LLVM by name (not embedded as an address), which keeps every
-caller cacheable with ``cache=True``.
+caller cacheable with ``cache=True``. Which library it names is chosen in :mod:`nbrgc.blas`; the
+width of its integer arguments (``_BI``: 32-bit LP64 or 64-bit ILP64) is baked into the kernels, and
+the cache folder is keyed on that choice.
 
 Row-major ``C = alpha * op(A) @ op(B) + beta * C`` is column-major ``C^T = op(B)^T op(A)^T``, hence
 the swapped operands in :func:`gemm`.
@@ -15,10 +17,14 @@ import llvmlite.binding as llb
 import numpy as np
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import get_cython_function_address, intrinsic, overload
+from numba.extending import intrinsic, overload
 
-for _name in ("sgemm", "dgemm"):
-    llb.add_symbol("nbrgc_" + _name, get_cython_function_address("scipy.linalg.cython_blas", _name))
+from ..blas import choose as _choose_blas
+
+_BLAS = _choose_blas()
+llb.add_symbol("nbrgc_sgemm", _BLAS.sgemm)
+llb.add_symbol("nbrgc_dgemm", _BLAS.dgemm)
+_BI = np.int64 if _BLAS.ilp64 else np.int32
 
 _sig = types.void(*([types.voidptr] * 13))
 _sgemm = types.ExternalFunction("nbrgc_sgemm", _sig)
@@ -72,9 +78,9 @@ def gemm(ta, tb, alpha, A, B, beta, C):
                 C[i, j] = beta * C[i, j] if beta != 0.0 else 0.0
         return
     isz = C.itemsize
-    _blas(np.uint8(84 if tb else 78), np.uint8(84 if ta else 78), np.int32(N), np.int32(M),
-          np.int32(K), alpha, B, np.int32(B.strides[0] // isz), A, np.int32(A.strides[0] // isz),
-          beta, C, np.int32(C.strides[0] // isz))
+    _blas(np.uint8(84 if tb else 78), np.uint8(84 if ta else 78), _BI(N), _BI(M),
+          _BI(K), alpha, B, _BI(B.strides[0] // isz), A, _BI(A.strides[0] // isz),
+          beta, C, _BI(C.strides[0] // isz))
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -137,9 +143,11 @@ def colsum_acc(dY, db, nt):
     for i in prange(nb):
         s = i * step
         e = min(M, s + step)
-        for r in range(N):
-            for j in range(s, e):
-                db[j] += dY[r, j]
+        acc = db[s:e]  # views indexed from 0: a loop over range(s, e) keeps the negative-index
+        for r in range(N):  # check and does not vectorise
+            row = dY[r, s:e]
+            for j in range(e - s):
+                acc[j] += row[j]
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
