@@ -10,12 +10,13 @@ backward, which consumes them.
 import numpy as np
 from numba import njit, prange
 
-from .fastmath import FLAGS, fexp
+from .fastmath import FLAGS, fexp, fmax
 from .gemm import gemm
 
 QB = 64
 _ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and vectorised)
 _ONE = np.float32(1.0)
+_LOW = np.float32(-3.0e38)  # finite: stands for a masked score in the row maximum
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -30,6 +31,47 @@ def _heads(rows, H, h):
     hd = d // H
     return (rows[:, h * hd:(h + 1) * hd], rows[:, d + h * hd:d + (h + 1) * hd],
             rows[:, 2 * d + h * hd:2 * d + (h + 1) * hd])
+
+
+@njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
+def _softmax_causal(P, i0, i1):
+    """Row softmax of the block of scores P[i0:i1, 0:i1] over each row's keys j <= i.
+
+    Every loop runs over the whole block width with the mask as a select, not over j <= i: the
+    trip count is then the same for all rows (a multiple of the vector width when the block is), so
+    no row ends in a scalar remainder loop. Masked entries become exact zeros. Rows are taken from
+    the whole (C-contiguous) matrix: a row of a column-sliced view has unknown stride and does not
+    vectorise."""
+    w = i1
+    for i in range(i0, i1):
+        row = P[i]
+        m = _LOW
+        for j in range(w):
+            m = fmax(m, row[j] if j <= i else _LOW)
+        s = _ZERO
+        for j in range(w):
+            e = fexp(row[j] - m)  # fexp clamps its argument: masked entries cannot overflow
+            e = e if j <= i else _ZERO
+            row[j] = e
+            s += e
+        inv = _ONE / s
+        for j in range(w):
+            row[j] *= inv
+
+
+@njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
+def _softmax_causal_bwd(P, dP, i0, i1):
+    """P <- dS = P * (dP - sum_j dP*P) over rows i0..i1-1, keys 0..i1-1. Masked entries of P are
+    exact zeros and stay zero, so the loops run over the whole block width (see _softmax_causal)."""
+    w = i1
+    for i in range(i0, i1):
+        prow = P[i]
+        grow = dP[i]
+        s = _ZERO
+        for j in range(w):
+            s += grow[j] * prow[j]
+        for j in range(w):
+            prow[j] = prow[j] * (grow[j] - s)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
@@ -49,21 +91,7 @@ def attention_fwd(qkv, B, T, H, probs, y):
             i1 = min(T, i0 + qb)
             Pb = P[i0:i1, 0:i1]
             gemm(False, True, scale, q[i0:i1], k[0:i1], 0.0, Pb)
-            for i in range(i0, i1):
-                row = P[i]
-                m = row[0]
-                for j in range(1, i + 1):
-                    m = max(m, row[j])
-                s = _ZERO
-                for j in range(i + 1):
-                    e = fexp(row[j] - m)
-                    row[j] = e
-                    s += e
-                inv = _ONE / s
-                for j in range(i + 1):
-                    row[j] *= inv
-                for j in range(i + 1, i1):
-                    row[j] = _ZERO
+            _softmax_causal(P, i0, i1)
             gemm(False, False, 1.0, Pb, v[0:i1], 0.0, yh[i0:i1])
 
 
@@ -100,14 +128,6 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
                             dv[i, j] = 0.0
                 gemm(False, True, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
                 gemm(True, False, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
-                # softmax backward, dS = P * (dP - sum_j dP*P), over P (no longer needed)
-                for i in range(i0, i1):
-                    prow = P[i]
-                    grow = G[i]
-                    s = _ZERO
-                    for j in range(i + 1):
-                        s += grow[j] * prow[j]
-                    for j in range(i + 1):
-                        prow[j] = prow[j] * (grow[j] - s)
+                _softmax_causal_bwd(P, G, i0, i1)
                 gemm(False, False, scale, Pb, k[0:i1], 0.0, dq[i0:i1])
                 gemm(True, False, scale, Pb, q[i0:i1], beta, dk[0:i1])

@@ -2,7 +2,7 @@
 import numpy as np
 from numba import njit, prange
 
-from .fastmath import FLAGS, fexp
+from .fastmath import FLAGS, fexp, fmax
 
 _ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and vectorised)
 
@@ -15,9 +15,8 @@ def xent_fwd_bwd(logits, targets, losses, scale):
         t = targets[i]
         lt = logits[i, t]
         m = logits[i, 0]
-        for j in range(1, V):
-            if logits[i, j] > m:
-                m = logits[i, j]
+        for j in range(V):
+            m = fmax(m, logits[i, j])
         s = _ZERO
         for j in range(V):
             e = fexp(logits[i, j] - m)
@@ -40,9 +39,8 @@ def xent_fwd(logits, targets, losses):
     N, V = logits.shape
     for i in prange(N):
         m = logits[i, 0]
-        for j in range(1, V):
-            if logits[i, j] > m:
-                m = logits[i, j]
+        for j in range(V):
+            m = fmax(m, logits[i, j])
         s = _ZERO
         for j in range(V):
             s += fexp(logits[i, j] - m)
