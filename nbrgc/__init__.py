@@ -3,11 +3,22 @@ local training with Readout-Gradient Consensus (RGC).
 
 The thread-safe threading layer is selected here, before any kernel compiles.
 """
+import os as _os
+import sys as _sys
+
+from .errors import NbrgcError as _NbrgcError
 from .threads import select_layer as _select_layer
 from .jitcache import configure as _configure_cache
 
-THREADING_LAYER = _select_layer()
-JIT_CACHE_DIR = _configure_cache()
+try:
+    THREADING_LAYER = _select_layer()
+    JIT_CACHE_DIR = _configure_cache()  # also settles which BLAS the GEMMs call (NBRGC_BLAS)
+except _NbrgcError as _exc:
+    # a bad NBRGC_* setting: the command-line tools answer with one line, as for a bad flag
+    if _os.path.basename(_sys.argv[0] or "").startswith("nbrgc-"):
+        _sys.stderr.write(f"error: {_exc}\n")
+        raise SystemExit(2) from None
+    raise
 
 from .errors import NbrgcError, ConfigError, DataError, CheckpointError  # noqa: E402
 from .config import ModelConfig, TrainConfig, PRESETS, preset  # noqa: E402

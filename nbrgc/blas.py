@@ -25,6 +25,13 @@ class Blas:
     def __init__(self, name, path, ilp64, sgemm, dgemm):
         self.name, self.path, self.ilp64, self.sgemm, self.dgemm = name, path, ilp64, sgemm, dgemm
 
+    def loaded_from(self, path):
+        """Whether threadpoolctl's library file ``path`` is this BLAS."""
+        path = (path or "").replace(os.sep, "/")
+        if self.name == "scipy":  # self.path is the Cython wrapper; the library sits in scipy.libs
+            return "/scipy" in path
+        return os.path.realpath(path) == os.path.realpath(self.path)
+
     def describe(self):
         return f"{self.name}'s OpenBLAS ({'ILP64' if self.ilp64 else 'LP64'}, {self.path})"
 

@@ -73,13 +73,21 @@ def blas_info():
         return [{"error": f"{type(exc).__name__}: {exc}"}]
     keep = ("user_api", "internal_api", "prefix", "version", "architecture", "threading_layer",
             "num_threads", "filepath")
+    try:
+        from .blas import choose
+        gemm_blas = choose()
+    except Exception:  # noqa: BLE001
+        gemm_blas = None
     out = []
     for i in infos:
         d = {k: i.get(k) for k in keep if k in i}
         path = (d.get("filepath") or "").replace(os.sep, "/")
         if d.get("user_api") == "blas":
-            d["used_by"] = ("nbrgc GEMMs (scipy.linalg.cython_blas)" if "/scipy" in path
-                            else "np.dot (numpy)" if "/numpy" in path else "other")
+            users = ["np.dot (numpy)"] if "/numpy" in path else (["scipy.linalg"] if "/scipy" in path
+                                                                  else [])
+            if gemm_blas is not None and gemm_blas.loaded_from(d.get("filepath")):
+                users.insert(0, "nbrgc GEMMs")
+            d["used_by"] = ", ".join(users) or "other"
         out.append(d)
     return out
 
