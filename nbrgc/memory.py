@@ -25,7 +25,8 @@ def workspace_bytes(cfg, B, T, n_blocks, itemsize, nt, decoder=True):
     d, H, V, N = cfg.d_model, cfg.n_head, cfg.vocab, B * T
     per_block = N * (1 + 3 + 1 + 1 + 4) * d + 4 * N + B * H * T * T
     wide = max(4 * d if n_blocks else 0, V if decoder else 0, 3 * d if n_blocks else 0)
-    scratch = N * d * 2 + N * wide + (min(nt, B * H) * T * T if n_blocks else 0) + nt * 2 * d
+    scratch = (N * d * 2 + N * wide + (N * 4 * d + min(nt, B * H) * T * T if n_blocks else 0)
+               + nt * 2 * d)
     dec = 3 * N if decoder else 0
     return itemsize * (N * d + n_blocks * per_block + scratch + dec) + 4 * N * (2 if decoder else 1)
 

@@ -83,13 +83,18 @@ class Workspace:
         # Scratch is aliased wherever lifetimes do not overlap (one block's backward at a time, and
         # the decoder runs between forward and backward): `ln` also serves as the attention-output
         # gradient and the decoder's LayerNorm output; one flat buffer holds the GELU activations,
-        # the qkv gradient and the logits; the decoder writes dL/dh straight into `dcur`.
+        # the qkv gradient and the logits; the decoder writes dL/dh straight into `dcur`. A second
+        # wide buffer takes the GELU gradient, then the LN1-output gradient, so that no backward
+        # product writes over its own input and the weight and data gradients can run side by side.
         self.ln = e(N, d)
         wide = max(4 * d if n else 0, V if decoder else 0, 3 * d if n else 0)
         self._wide = e(N * wide)
         self.g = self._wide[:N * 4 * d].reshape(N, 4 * d) if n else e(0, 4 * d)
         self.dqkv = self._wide[:N * 3 * d].reshape(N, 3 * d) if n else e(0, 3 * d)
         self.datt = self.ln
+        self._wide2 = e(N * 4 * d if n else 0)
+        self.dg = self._wide2.reshape(N, 4 * d) if n else e(0, 4 * d)
+        self.dln = self._wide2[:N * d].reshape(N, d) if n else e(0, d)
         self.dP = e(k * min(nt, B * H), T, T)
         self.dcur = e(N, d)
         self.partial = e(nt, 2, d)
@@ -208,7 +213,7 @@ class Model:
         blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
                    ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
                    ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads(),
-                   _plan(self.cfg, ws.B * ws.T, self.dtype))
+                   _plan(self.cfg, ws.B * ws.T, self.dtype), ws.dg, ws.dln)
         return ws.dcur
 
     def decoder_params(self):

@@ -72,24 +72,25 @@ def profiled_loss_and_grad(model, x, y, timer):
                 ws.lnf, ws.mf, ws.rf, ws.logits, ws.losses, ws.dh, ws.partial, 1.0 / n, nt, plan)
     ws.dcur[...] = ws.dh
     dcur = ws.dcur
+    dln_g = ws.g.reshape(-1)[:B * T * d].reshape(B * T, d)
     for i in range(L - 1, -1, -1):
         o = offs[i]
         timer("gelu recompute", gelu_fwd, ws.pre[i], ws.g)
-        timer("mlp-down gemm bwd", linear_bwd, ws.g, mat(P, o[10], 4 * d, d), dcur, ws.g,
+        timer("mlp-down gemm bwd", linear_bwd, ws.g, mat(P, o[10], 4 * d, d), dcur, ws.dg,
               mat(G, o[10], 4 * d, d), vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
-        timer("gelu bwd", gelu_bwd, ws.pre[i], ws.g)
+        timer("gelu bwd", gelu_bwd, ws.pre[i], ws.dg)
         timer("layernorm recompute", layernorm_apply, ws.x2[i], vec(P, o[6], d), vec(P, o[7], d), ws.m2[i], ws.r2[i], ws.ln)
-        timer("mlp-up gemm bwd", linear_bwd, ws.ln, mat(P, o[8], d, 4 * d), ws.g, ws.ln,
+        timer("mlp-up gemm bwd", linear_bwd, ws.ln, mat(P, o[8], d, 4 * d), ws.dg, dln_g,
               mat(G, o[8], d, 4 * d), vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
-        timer("layernorm bwd", layernorm_bwd, ws.ln, ws.x2[i], vec(P, o[6], d), ws.m2[i], ws.r2[i], dcur,
+        timer("layernorm bwd", layernorm_bwd, dln_g, ws.x2[i], vec(P, o[6], d), ws.m2[i], ws.r2[i], dcur,
               vec(G, o[6], d), vec(G, o[7], d), ws.partial, nt, 1.0)
         timer("attn-out gemm bwd", linear_bwd, ws.atty[i], mat(P, o[4], d, d), dcur, ws.datt,
               mat(G, o[4], d, d), vec(G, o[5], d), nt, 0.0, plan[4], plan[5])
         timer("attention bwd", attention_bwd, ws.datt, ws.qkv[i], B, T, H, ws.probs[i], ws.dP, ws.dqkv)
         timer("layernorm recompute", layernorm_apply, ws.res[i], vec(P, o[0], d), vec(P, o[1], d), ws.m1[i], ws.r1[i], ws.ln)
-        timer("qkv gemm bwd", linear_bwd, ws.ln, mat(P, o[2], d, 3 * d), ws.dqkv, ws.ln,
+        timer("qkv gemm bwd", linear_bwd, ws.ln, mat(P, o[2], d, 3 * d), ws.dqkv, ws.dln,
               mat(G, o[2], d, 3 * d), vec(G, o[3], 3 * d), nt, 0.0, plan[6], plan[7])
-        timer("layernorm bwd", layernorm_bwd, ws.ln, ws.res[i], vec(P, o[0], d), ws.m1[i], ws.r1[i], dcur,
+        timer("layernorm bwd", layernorm_bwd, ws.dln, ws.res[i], vec(P, o[0], d), ws.m1[i], ws.r1[i], dcur,
               vec(G, o[0], d), vec(G, o[1], d), ws.partial, nt, 1.0)
     timer("embedding bwd", embedding_bwd, ws.tokens, dcur, model.grads["wte"], model.grads["wpe"], nt)
     return tot / n

@@ -14,7 +14,7 @@ import nbrgc  # noqa: F401  (thread-safe threading layer first)
 from nbrgc.kernels.adamw import adamw_update, all_finite, fill, sumsq, _CHUNK
 from nbrgc.kernels.attention import attention_bwd, attention_fwd
 from nbrgc.kernels.embedding import embedding_bwd, embedding_fwd
-from nbrgc.kernels.gemm import linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn
+from nbrgc.kernels.gemm import TASKS, linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn
 from nbrgc.kernels.layernorm import EPS, layernorm_apply, layernorm_bwd, layernorm_fwd
 from nbrgc.kernels.loss import xent_fwd, xent_fwd_bwd
 from nbrgc.kernels.mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
@@ -129,13 +129,14 @@ def test_linear_forward_and_accumulation(data):
     dY = _normal(seed + 6, N, M)
     dX0, dW0, db0 = _normal(seed + 7, N, K), _normal(seed + 8, K, M), _normal(seed + 9, M)
     dX, dW, db = _maybe_sliced(dX0.copy(), sliced, seed + 10), dW0.copy(), db0.copy()
-    linear_bwd(X, W, dY, dX, dW, db, nt, 1.0)
+    split_w = data.draw(st.sampled_from([0, 1, TASKS]), label="weight split (or side by side)")
+    linear_bwd(X, W, dY, dX, dW, db, nt, 1.0, split_w, data.draw(st.sampled_from([0, 1])))
     np.testing.assert_allclose(dX, dX0 + dY @ W.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dW, dW0 + X.T @ dY, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(db, db0 + dY.sum(axis=0), rtol=1e-12, atol=1e-12)
     # dx_beta=0 overwrites dX, even when it held NaN
     dX = _maybe_sliced(np.full((N, K), np.nan), sliced, seed + 11)
-    linear_bwd(X, W, dY, dX, dW, db, nt, 0.0)
+    linear_bwd(X, W, dY, dX, dW, db, nt, 0.0, split_w)
     np.testing.assert_allclose(dX, dY @ W.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dW, dW0 + 2 * X.T @ dY, rtol=1e-12, atol=1e-12)
 
@@ -150,6 +151,26 @@ def test_linear_forward_and_accumulation(data):
     C = np.empty((N, K))
     matmul_nt(dY, W, C, 0.0, nt)
     np.testing.assert_allclose(C, dY @ W.T, rtol=1e-12, atol=1e-12)
+
+
+def test_backward_thread_splits_agree_to_the_bit():
+    """At model-like shapes (widths multiples of 8), every way the plan may cut the backward products
+    over a group gives the same bits (each element is one BLAS dot product), so the autotuned plan
+    (nbrgc.gemm_plan) never changes a result. (At odd shapes such as 33 x 17, OpenBLAS's edge
+    kernels can round a row block differently.)"""
+    rng = np.random.default_rng(3)
+    for N, K, M in ((256, 64, 192), (200, 96, 24), (512, 128, 384)):
+        X, W = rng.standard_normal((N, K), np.float32), rng.standard_normal((K, M), np.float32)
+        dY = rng.standard_normal((N, M), np.float32)
+        outs = []
+        for nt in (1, 2, 4):
+            for sw, sx in ((0, 0), (1, 1), (0, 1), (TASKS, 0)):
+                dX, dW, db = np.zeros((N, K), np.float32), np.ones((K, M), np.float32), np.ones(M, np.float32)
+                linear_bwd(X, W, dY, dX, dW, db, nt, 0.0, sw, sx)
+                outs.append((dX, dW))
+        for dX, dW in outs[1:]:
+            np.testing.assert_array_equal(dX, outs[0][0])
+            np.testing.assert_array_equal(dW, outs[0][1])
 
 
 # ------------------------------------------------------------------------------------------------ layernorm
