@@ -147,6 +147,7 @@ def _train_worker(spec):
     if mode == "rgc-async":  # resolved (autotuned for "auto") when the workers first started
         groups = getattr(sc, "groups", None)
         out["stage_threads"] = list(groups) if groups is not None else None
+        out["stage_profile"] = sc.stage_profile()  # the timed steps only (the warm-up was drained)
     if len(done_at) != M:
         raise NbrgcError(f"{mode}: {len(done_at)} of {M} timed steps completed")
     tokens = M * tc.batch * seq
@@ -418,6 +419,10 @@ def aggregate(records, flops=None, gemm=None, base=BASE):
             if g and row["gflops"]:
                 row["gemm_peak_gflops"] = g["numba_gflops"]
                 row["fraction_of_gemm_peak"] = row["gflops"]["median"] / g["numba_gflops"]
+        profs = [r["stage_profile"]["busy_frac"] for r in runs if r.get("stage_profile")]
+        if profs:
+            row["stage_busy_frac"] = [statistics.median(p[k] for p in profs if p[k] is not None)
+                                      for k in range(len(profs[0]))]
         oversub = row["stage_threads"] and sum(row["stage_threads"]) > t
         row["oversubscribed"] = bool(oversub)
         rows.append(row)
@@ -464,6 +469,11 @@ def markdown(report):
                          f"{g['numba_gflops']:.1f} GFLOP/s, np.dot {g['npdot_gflops']:.1f} GFLOP/s.")
     lines.append("Tokens/s: timed steps only (after warm-up, pipeline fill and drain included); peak "
                  "RSS: the worker process's ru_maxrss from the OS (MiB, max over rounds).")
+    for r in report["summary"]:
+        if r.get("stage_busy_frac"):
+            lines.append(f"{r['label']} at {r['threads']} thread(s), stage busy (share of each stage "
+                         "thread's time not spent waiting on a neighbour, median over rounds): "
+                         + ", ".join(f"{100 * b:.0f}%" for b in r["stage_busy_frac"]) + ".")
     for n in report.get("notes", []):
         lines.append(f"Note: {n}")
     return "\n".join(lines) + "\n"

@@ -185,6 +185,31 @@ def test_rgc_async_drain_then_continue(text):
     assert not stage_threads_alive()
 
 
+def test_rgc_async_stage_profile_and_prompt_shutdown(text):
+    """Each stage's time since the workers started, split into waiting and work; drain stops the
+    workers without waiting out a poll interval (stage 0 blocked on its input is woken)."""
+    tc = TrainConfig(mode="rgc-async", steps=6, batch=2, lr=1e-3, warmup=0, n_stages=2,
+                     max_staleness=1, stage_threads="1,1")
+    model = Model(TINY, seed=0)
+    b = Batches(text, 2, TINY.ctx, seed=0)
+    sc = make_scheme(model, tc)
+    for t in range(6):
+        sc.submit(t, *b.next(), lr_at(t, tc))
+        sc.poll()
+    time.sleep(0.2)  # every step done: stage 0 now sits in its input wait, stage 1 in its ring wait
+    t0 = time.perf_counter()
+    sc.drain()
+    took = time.perf_counter() - t0
+    prof = sc.stage_profile()
+    sc.close()
+    assert took < 0.03, f"drain took {took * 1e3:.0f} ms after the last step"
+    assert len(prof["step_s"]) == len(prof["wait_s"]) == len(prof["busy_frac"]) == 2
+    for step, wait, busy in zip(prof["step_s"], prof["wait_s"], prof["busy_frac"]):
+        assert 0.0 <= wait <= step and 0.0 <= busy <= 1.0
+    # the 0.2 s idle after the last step was spent waiting, by both stages
+    assert all(w >= 0.15 for w in prof["wait_s"]), prof
+
+
 # ------------------------------------------------------------------------------------ fault injection
 
 class Injected(RuntimeError):

@@ -105,6 +105,10 @@ class RGCAsync(SchemeBase):
         self.version = 0             # decoder versions published (rounds closed)
         self.started_at = 0          # the step the current run of workers started from
         self.results = queue.Queue()
+        # per stage, since the workers last started: seconds spent in stage steps, and the part of
+        # it spent waiting (input, decoder version, ring space, round order); busy = step - wait
+        self.stage_step_s = [0.0] * self.K
+        self.stage_wait_s = [0.0] * self.K
 
     def optimizers(self):
         return self.opts + [self.opt_dec]
@@ -167,6 +171,8 @@ class RGCAsync(SchemeBase):
         b["rgc"].counters[:] = 0
         self.submitted = self.next_result = step0
         self.stop, self.error = False, None
+        self.stage_step_s = [0.0] * self.K
+        self.stage_wait_s = [0.0] * self.K
         self._inq = queue.Queue(maxsize=S + 1)
         self._threads = [threading.Thread(target=self._worker, args=(k,), name=f"nbrgc-stage-{k}",
                                           daemon=True) for k in range(self.K)]
@@ -228,6 +234,12 @@ class RGCAsync(SchemeBase):
         with self.cond:
             self.stop = True
             self.cond.notify_all()
+        inq = getattr(self, "_inq", None)
+        if inq is not None:  # wake stage 0 at once rather than at its next poll (up to _WAIT later)
+            try:
+                inq.put_nowait(None)
+            except queue.Full:
+                pass  # then stage 0 is not blocked on it
         deadline = time.monotonic() + 10.0
         for th in self._threads:
             th.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -243,14 +255,25 @@ class RGCAsync(SchemeBase):
             self._shutdown()
             raise StageError(k, exc) from exc
 
-    def _wait(self, pred):
-        with self.cond:
-            while not pred():
+    def _wait(self, pred, k):
+        t0 = time.perf_counter()
+        try:
+            with self.cond:
+                while not pred():
+                    if self.stop:
+                        raise _Stopped
+                    self.cond.wait(_WAIT)
                 if self.stop:
                     raise _Stopped
-                self.cond.wait(_WAIT)
-            if self.stop:
-                raise _Stopped
+        finally:
+            self.stage_wait_s[k] += time.perf_counter() - t0
+
+    def stage_profile(self):
+        """{"step_s", "wait_s", "busy_frac"} per stage since the workers last started: where the
+        pipeline's time went (a stage that is rarely busy waits on a slower neighbour)."""
+        step, wait = list(self.stage_step_s), list(self.stage_wait_s)
+        return {"step_s": step, "wait_s": wait,
+                "busy_frac": [(s - w) / s if s > 0 else None for s, w in zip(step, wait)]}
 
     def _notify(self):
         with self.cond:
@@ -262,8 +285,12 @@ class RGCAsync(SchemeBase):
             set_threads(self.groups[k])
             t = self.started_at
             while True:
-                if not self._stage_step(k, t):
-                    return
+                t0 = time.perf_counter()
+                try:
+                    if not self._stage_step(k, t):
+                        return
+                finally:
+                    self.stage_step_s[k] += time.perf_counter() - t0
                 t += 1
         except _Stopped:
             return
@@ -282,14 +309,21 @@ class RGCAsync(SchemeBase):
         slot_t = t % (S + 2)
         # 1. input: a micro-batch (stage 0) or the previous stage's activations for step t
         if k == 0:
-            while True:
-                if self.stop:
-                    raise _Stopped
-                try:
-                    step, x, y, lr = self._inq.get(timeout=_WAIT)
+            t0 = time.perf_counter()
+            try:
+                while True:
+                    if self.stop:
+                        raise _Stopped
+                    try:
+                        item = self._inq.get(timeout=_WAIT)
+                    except queue.Empty:
+                        continue
+                    if item is None:  # the shutdown's wake-up
+                        raise _Stopped
+                    step, x, y, lr = item
                     break
-                except queue.Empty:
-                    continue
+            finally:
+                self.stage_wait_s[k] += time.perf_counter() - t0
             assert step == t
             b["tokens"][slot_t] = x
             b["targets"][slot_t] = y
@@ -297,7 +331,7 @@ class RGCAsync(SchemeBase):
             h = m.embed(b["tokens"][slot_t], ws)
         else:
             prod, cons = b["produced"], b["consumed"]
-            self._wait(lambda: prod[k - 1] > t)
+            self._wait(lambda: prod[k - 1] > t, k)
             ws.res[0][...] = b["ring"][k - 1, t % (S + 1)]
             with self.cond:
                 cons[k - 1] = t + 1
@@ -307,7 +341,7 @@ class RGCAsync(SchemeBase):
             self.fault_hook(k, t)
         # 2. the decoder version this step reads
         v = max(self.started_at, t - S)
-        self._wait(lambda: self.version >= v)
+        self._wait(lambda: self.version >= v, k)
         pdec = b["versions"][v % (S + 2)]
         y = b["targets"][slot_t]
         lr = float(b["lr"][slot_t])
@@ -315,7 +349,7 @@ class RGCAsync(SchemeBase):
         out = m.forward_blocks(h, lo, hi, ws)
         if k + 1 < K:
             prod, cons = b["produced"], b["consumed"]
-            self._wait(lambda: prod[k] - cons[k] < S + 1)
+            self._wait(lambda: prod[k] - cons[k] < S + 1, k)
             b["ring"][k, t % (S + 1)] = out
             with self.cond:
                 prod[k] = t + 1
@@ -346,12 +380,12 @@ class RGCAsync(SchemeBase):
         b["norms"][r, k] = norm
         # 5. post; the last poster closes the round
         if fetch_add(rgc.counters, r, 1) == K - 1:
-            self._close_round(t, lr)
+            self._close_round(t, lr, k)
         return True
 
-    def _close_round(self, t, lr):
+    def _close_round(self, t, lr, k):
         b, S = self._buffers, self.S
-        self._wait(lambda: self.version >= t)  # round t-1 published first: rounds close in order
+        self._wait(lambda: self.version >= t, k)  # round t-1 published first: rounds close in order
         rgc = b["rgc"]
         r = t % (S + 1)
         mean = rgc.close(t)
