@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Reproduce benchmarks/RESULTS.md (speed, memory, profile). Run on a quiet machine: nothing else on
-# the cores. About 15 minutes on 2 cores.
+# Reproduce the speed, memory and profile files in benchmarks/. Run on a quiet machine: nothing else
+# on the cores. About 30 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks
 # 1. small and paper, every mode side by side (4 stages on a 2-thread budget: oversubscribed)
-bin/nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --threads 2 --repeats 3 \
+bin/nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --threads 2 --repeats 5 \
     --warmup-steps 3 --steps 20 --gemm-peak --out $out/small-speed.json | tee $out/small-speed.md
 bin/nbrgc-bench --config paper --modes bp,rgc-sync,rgc-async,torch --threads 2 --repeats 3 \
     --warmup-steps 2 --steps 6 --gemm-peak --out $out/paper-speed.json | tee $out/paper-speed.md
-# 2. rgc-async with exactly the budget's threads (2 stages x 1 thread), and the thread sweep
+# 2. rgc-async with exactly the budget's threads (2 stages x 1 thread)
 bin/nbrgc-bench --config small --modes bp,rgc-async --n-stages 2 --stage-threads 1,1 --threads 2 \
-    --repeats 3 --warmup-steps 3 --steps 20 --out $out/small-k2.json | tee $out/small-k2.md
-bin/nbrgc-bench --config small --modes bp,rgc-async --threads 1,2 --repeats 3 --warmup-steps 3 \
-    --steps 20 --out $out/small-threads.json | tee $out/small-threads.md
-# 3. per-kernel breakdown of one BP step
-python -m nbrgc.profile --config small --threads 2 --repeats 3 | tee $out/profile-small.md
-python -m nbrgc.profile --config paper --threads 2 --repeats 2 | tee $out/profile-paper.md
-# 4. the OpenBLAS settings some machines need (older builds crash without them): GEMM peak and BP
+    --repeats 5 --warmup-steps 3 --steps 20 --out $out/small-k2.json | tee $out/small-k2.md
+bin/nbrgc-bench --config paper --modes bp,rgc-async --n-stages 2 --stage-threads 1,1 --threads 2 \
+    --repeats 2 --warmup-steps 2 --steps 6 --out $out/paper-k2.json | tee $out/paper-k2.md
+# 3. the thread-scaling curve this machine allows (1 and 2 threads; BP's scaling bounds rgc-async)
+bin/nbrgc-bench --config small --modes bp,rgc-async --n-stages 2 --threads 1,2 --repeats 3 \
+    --warmup-steps 3 --steps 15 --out $out/small-threads.json | tee $out/small-threads.md
+# 4. per-kernel breakdown of one BP step
+python3 -m nbrgc.profile --config small --threads 2 --repeats 5 | tee $out/profile-small.md
+python3 -m nbrgc.profile --config paper --threads 2 --repeats 2 | tee $out/profile-paper.md
+# 5. the OpenBLAS settings some machines need (older builds crash without them): GEMM peak and BP
 OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=1048576 bin/nbrgc-bench --config paper --modes bp,torch \
     --threads 2 --repeats 2 --warmup-steps 2 --steps 4 --gemm-peak --out $out/paper-openblas-haswell.json \
     | tee $out/paper-openblas-haswell.md

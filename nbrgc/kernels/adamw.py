@@ -6,7 +6,7 @@ Decoupled weight decay (PyTorch order: p *= 1 - lr*wd, then the Adam step), appl
 import numpy as np
 from numba import njit, prange
 
-from .fastmath import FLAGS
+from .fastmath import FLAGS, cast_like
 
 _CHUNK = 1 << 14
 
@@ -44,16 +44,11 @@ def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale
     # The step's constants are formed in float64 once, then held in the buffer's dtype: Python
     # floats inside the loop would widen every float32 element to float64 (half the vector width,
     # and float64 sqrt and division), which made this pass compute-bound instead of memory-bound.
-    c = np.empty(7, P.dtype)
-    c[0] = beta1
-    c[1] = 1.0 - beta1
-    c[2] = beta2
-    c[3] = 1.0 - beta2
-    c[4] = lr / (1.0 - beta1 ** step)
-    c[5] = 1.0 / np.sqrt(1.0 - beta2 ** step)
-    c[6] = lr * wd
-    b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, lrwd = c[0], c[1], c[2], c[3], c[4], c[5], c[6]
-    e, gs, one = c[0] * 0 + eps, c[0] * 0 + gscale, c[0] * 0 + 1
+    b1, omb1 = cast_like(beta1, P), cast_like(1.0 - beta1, P)
+    b2, omb2 = cast_like(beta2, P), cast_like(1.0 - beta2, P)
+    step_size = cast_like(lr / (1.0 - beta1 ** step), P)
+    inv_sqrt_bc2 = cast_like(1.0 / np.sqrt(1.0 - beta2 ** step), P)
+    lrwd, e, gs, one = cast_like(lr * wd, P), cast_like(eps, P), cast_like(gscale, P), cast_like(1.0, P)
     n = P.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for ch in prange(nchunks):
@@ -76,5 +71,6 @@ def fill(X, value):
     n = X.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for c in prange(nchunks):
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
-            X[i] = value
+        x = X[c * _CHUNK:min(n, (c + 1) * _CHUNK)]  # 0-based view: vectorises (see adamw_update)
+        for i in range(x.shape[0]):
+            x[i] = value

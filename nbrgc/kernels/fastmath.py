@@ -78,3 +78,17 @@ def fmax(typingctx, a, b):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty]), name)
         return builder.call(fn, [x, y], fastmath=("nnan", "nsz"))
     return out(a, b), codegen
+
+
+def cast_like(x, arr):  # pragma: no cover - replaced by the overload inside jitted code
+    return arr.dtype.type(x)
+
+
+@overload(cast_like, inline="always")
+def _cast_like(x, arr):
+    """``x`` as a scalar of ``arr``'s dtype: keeps float32 loops in float32 without allocating."""
+    dt = arr.dtype
+
+    def impl(x, arr):
+        return dt(x)
+    return impl
