@@ -116,7 +116,7 @@ def matmul(A, B, C, beta, nt):
 @njit(nogil=True, cache=True, error_model="numpy")
 def matmul_nt(A, B, C, beta, nt, split=0):
     """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows (split 0) or columns (split 1) of C
-    over threads; which is faster depends on the shape (see nbrgc.gemm_plan)."""
+    over threads (see nbrgc.gemm_plan for which the model uses)."""
     _split_gemm(False, True, A, B, C, beta, nt, split, 16)
 
 
@@ -164,9 +164,9 @@ TASKS = 2  # a plan value for a weight-gradient site: see _bwd_tasks
 def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
     """dW += X^T dY and db += colsum(dY) on one half of the group while the other half forms
     dX = dY W^T + dx_beta dX. The two products are independent and equally large, so each runs on
-    fewer threads in bigger pieces, in one parallel region instead of two: 3-10% faster than the
-    best split of each at the presets' shapes on 2 threads. dX must not alias X here. Each element
-    is still one BLAS dot product, as in the split path."""
+    fewer threads in bigger pieces, in one parallel region instead of two: 1-5% faster than the
+    better split of each at the presets' shapes on 2 threads, where each product is then one whole
+    BLAS call (the same bits as one thread). dX must not alias X here."""
     K, M = dW.shape
     N = dX.shape[0]
     half = max(1, nt // 2)
