@@ -8,7 +8,7 @@ differ from the uninterrupted one. The rule now:
 
 * an even group runs the weight and data gradients of each block's linear layer side by side on half
   the group each (``TASKS``, :func:`nbrgc.kernels.gemm._bwd_tasks`). Measured at the presets' shapes it
-  was 1-5% faster than the better split of each product (``benchmarks/README.md``), and with 2 threads
+  was 0.7-5% faster than the better split of each product (``benchmarks/README.md``), and with 2 threads
   each product is one whole BLAS call, so 1 and 2 threads give the same bits;
 * an odd group cuts both products by rows;
 * the head's products are always cut by rows: the decoder writes its data gradient over the
@@ -26,9 +26,9 @@ _BLOCK_SITES = 4  # MLP-down, MLP-up, attention output, qkv; the head is the fif
 _plans = {}  # by group size: made once, so a training step allocates nothing here
 
 
-def plan_for(d=None, V=None, N=None, dtype=np.float32, nt=None):
-    """The split plan (int64, N_SITES) for the calling thread's group size (``nt`` overrides it).
-    The shape arguments are accepted for the callers' convenience; the rule does not use them."""
+def plan_for(nt=None):
+    """The split plan (int64, N_SITES, read-only) for the calling thread's group size (``nt``
+    overrides it)."""
     nt = numba.get_num_threads() if nt is None else nt
     plan = _plans.get(nt)
     if plan is None:

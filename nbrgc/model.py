@@ -94,7 +94,8 @@ class Workspace:
         self.datt = self.ln
         self._wide2 = e(N * 4 * d if n else 0)
         self.dg = self._wide2.reshape(N, 4 * d) if n else e(0, 4 * d)
-        self.dln = self._wide2[:N * d].reshape(N, d) if n else e(0, d)
+        self.dln = self._wide2[:N * d].reshape(N, d) if n else e(0, d)  # LN1-output gradient
+        self.dln2 = self._wide[:N * d].reshape(N, d) if n else e(0, d)  # LN2's, over dead `g`
         self.dP = e(k * min(nt, B * H), T, T)
         self.dcur = e(N, d)
         self.partial = e(nt, 2, d)
@@ -115,9 +116,9 @@ def _threads():
     return numba.get_num_threads()
 
 
-def _plan(cfg, N, dtype):
+def _plan():
     from .gemm_plan import plan_for
-    return plan_for(cfg.d_model, cfg.vocab, N, dtype)
+    return plan_for()
 
 
 class Model:
@@ -213,7 +214,7 @@ class Model:
         blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
                    ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
                    ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads(),
-                   _plan(self.cfg, ws.B * ws.T, self.dtype), ws.dg, ws.dln)
+                   _plan(), ws.dg, ws.dln, ws.dln2)
         return ws.dcur
 
     def decoder_params(self):
@@ -231,7 +232,7 @@ class Model:
         n = ws.targets.shape[0]
         tot = decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits,
                               ws.losses, ws.dh, ws.partial, 1.0 / n, _threads(),
-                              _plan(self.cfg, n, self.dtype))
+                              _plan())
         return tot / n, ws.dh
 
     def decoder_loss(self, h, y, ws, pdec=None):

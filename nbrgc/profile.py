@@ -47,7 +47,7 @@ def profiled_loss_and_grad(model, x, y, timer):
     nt = numba.get_num_threads()
     offs = model.layout.block_offs
     from .gemm_plan import plan_for
-    plan = plan_for(d, cfg.vocab, B * T, model.dtype)
+    plan = plan_for()
     vec = lambda a, o, n: a[o:o + n]  # noqa: E731
     mat = lambda a, o, r, c: a[o:o + r * c].reshape(r, c)  # noqa: E731
     G[...] = 0.0
@@ -72,7 +72,6 @@ def profiled_loss_and_grad(model, x, y, timer):
                 ws.lnf, ws.mf, ws.rf, ws.logits, ws.losses, ws.dh, ws.partial, 1.0 / n, nt, plan)
     ws.dcur[...] = ws.dh
     dcur = ws.dcur
-    dln_g = ws.g.reshape(-1)[:B * T * d].reshape(B * T, d)
     for i in range(L - 1, -1, -1):
         o = offs[i]
         timer("gelu recompute", gelu_fwd, ws.pre[i], ws.g)
@@ -80,9 +79,9 @@ def profiled_loss_and_grad(model, x, y, timer):
               mat(G, o[10], 4 * d, d), vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
         timer("gelu bwd", gelu_bwd, ws.pre[i], ws.dg)
         timer("layernorm recompute", layernorm_apply, ws.x2[i], vec(P, o[6], d), vec(P, o[7], d), ws.m2[i], ws.r2[i], ws.ln)
-        timer("mlp-up gemm bwd", linear_bwd, ws.ln, mat(P, o[8], d, 4 * d), ws.dg, dln_g,
+        timer("mlp-up gemm bwd", linear_bwd, ws.ln, mat(P, o[8], d, 4 * d), ws.dg, ws.dln2,
               mat(G, o[8], d, 4 * d), vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
-        timer("layernorm bwd", layernorm_bwd, dln_g, ws.x2[i], vec(P, o[6], d), ws.m2[i], ws.r2[i], dcur,
+        timer("layernorm bwd", layernorm_bwd, ws.dln2, ws.x2[i], vec(P, o[6], d), ws.m2[i], ws.r2[i], dcur,
               vec(G, o[6], d), vec(G, o[7], d), ws.partial, nt, 1.0)
         timer("attn-out gemm bwd", linear_bwd, ws.atty[i], mat(P, o[4], d, d), dcur, ws.datt,
               mat(G, o[4], d, d), vec(G, o[5], d), nt, 0.0, plan[4], plan[5])

@@ -181,7 +181,7 @@ def test_gemm_plan_is_a_fixed_rule():
         p = plan_for(nt=nt)
         assert p.shape == (N_SITES,) and list(p[0:8:2]) == [TASKS] * 4 and not p[1:8:2].any()
         assert not p[8:].any()  # the head: the decoder writes dX over X, never side by side
-        assert plan_for(128, 256, 2048, nt=nt) is p and not p.flags.writeable
+        assert plan_for(nt=nt) is p and not p.flags.writeable
 
 
 # ------------------------------------------------------------------------------------------------ layernorm

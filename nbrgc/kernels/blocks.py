@@ -58,7 +58,7 @@ def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre,
-               ln, g, datt, dqkv, dP, partial, dcur, nt, plan, dg, dln):
+               ln, g, datt, dqkv, dP, partial, dcur, nt, plan, dg, dln, dln2):
     """``dcur`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of block lo).
 
     ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
@@ -66,12 +66,11 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
     accumulated (+=) into ``G`` at the same offsets as in ``P``. Consumes the saved attention
     probabilities (a second backward needs a new forward). No product writes its data gradient over
     its own input, so the weight and data gradients may run side by side (plan value TASKS): the
-    GELU gradient goes to ``dg`` (N, 4d), and the LayerNorm-output gradients to ``dln`` (N, d), a
-    view of the GELU buffer ``g`` (dead by then) or of ``dg`` (dead by then) in turn.
+    GELU gradient goes to ``dg`` (N, 4d), the LN2-output gradient to ``dln2`` (N, d; a view of the
+    GELU buffer ``g``, dead by then) and the LN1-output gradient to ``dln`` (a view of ``dg``, dead
+    by then).
     """
     d = res.shape[2]
-    N = res.shape[1]
-    dln_g = g.reshape(-1)[:N * d].reshape((N, d))
     for l in range(hi - 1, lo - 1, -1):
         i = l - lo
         o = offs[l]
@@ -81,9 +80,9 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
                    _vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
         gelu_bwd(pre[i], dg)
         layernorm_apply(x2[i], _vec(P, o[6], d), _vec(P, o[7], d), m2[i], r2[i], ln)
-        linear_bwd(ln, _mat(P, o[8], d, 4 * d), dg, dln_g, _mat(G, o[8], d, 4 * d),
+        linear_bwd(ln, _mat(P, o[8], d, 4 * d), dg, dln2, _mat(G, o[8], d, 4 * d),
                    _vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
-        layernorm_bwd(dln_g, x2[i], _vec(P, o[6], d), m2[i], r2[i], dcur, _vec(G, o[6], d),
+        layernorm_bwd(dln2, x2[i], _vec(P, o[6], d), m2[i], r2[i], dcur, _vec(G, o[6], d),
                       _vec(G, o[7], d), partial, nt, 1.0)
         # attention: x2 = x + attn(ln1(x)) @ wo + bo
         linear_bwd(atty[i], _mat(P, o[4], d, d), dcur, datt, _mat(G, o[4], d, d),
