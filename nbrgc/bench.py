@@ -147,6 +147,7 @@ def _train_worker(spec):
     if mode == "rgc-async":  # resolved (autotuned for "auto") when the workers first started
         groups = getattr(sc, "groups", None)
         out["stage_threads"] = list(groups) if groups is not None else None
+        out["stage_workers"] = sc.W
         out["stage_profile"] = sc.stage_profile()  # the timed steps only (the warm-up was drained)
     if len(done_at) != M:
         raise NbrgcError(f"{mode}: {len(done_at)} of {M} timed steps completed")
@@ -344,15 +345,37 @@ def default_n_stages(n_layer, want=4):
     return 1
 
 
-def plan_variants(modes, stage_groups):
-    """[(label, mode, stage_threads)]: rgc-async appears once per stage-group spec."""
+def parse_stage_workers(text):
+    """``"auto,2,4"`` -> [0, 2, 4] (0: auto), for the --stage-workers sweep."""
+    out = []
+    for p in [p.strip() for p in str(text).split(",") if p.strip()] or ["auto"]:
+        if p.lower() == "auto":
+            out.append(0)
+            continue
+        try:
+            w = int(p)
+        except ValueError:
+            w = 0
+        if w < 1:
+            raise ConfigError(f"--stage-workers entries must be auto or positive integers, got {p!r}")
+        out.append(w)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"--stage-workers lists a value twice: {text!r}")
+    return out
+
+
+def plan_variants(modes, stage_groups, stage_workers=(0,)):
+    """[(label, mode, stage_threads, stage_workers)]: rgc-async appears once per stage-group spec
+    and worker count (0: auto)."""
     out = []
     for m in modes:
         if m == "rgc-async":
             for g in stage_groups:
-                out.append((m if g == "auto" else f"{m}[{g}]", m, g))
+                for w in stage_workers:
+                    tags = ([] if g == "auto" else [g]) + ([f"{w} workers"] if w else [])
+                    out.append((f"{m}[{'; '.join(tags)}]" if tags else m, m, g, w))
         else:
-            out.append((m, m, "auto"))
+            out.append((m, m, "auto", 0))
     return out
 
 
@@ -408,7 +431,8 @@ def aggregate(records, flops=None, gemm=None, base=BASE):
         runs = [r for r in records if (r["threads"], r["label"]) == (t, label)]
         tps = _stats([r["tokens_per_s"] for r in runs])
         row = {"threads": t, "label": label, "mode": runs[0]["mode"],
-               "stage_threads": runs[0].get("stage_threads"), "n": len(runs),
+               "stage_threads": runs[0].get("stage_threads"),
+               "stage_workers": runs[0].get("stage_workers"), "n": len(runs),
                "tokens_per_s": tps, "ms_per_step": _stats([r["ms_per_step"] for r in runs]),
                "peak_rss_mib": _stats([r.get("peak_rss_mib") for r in runs]),
                "ratio_vs_bp": ratios.get((t, label)), "rss_ratio_vs_bp": rss_ratios.get((t, label))}
@@ -423,7 +447,9 @@ def aggregate(records, flops=None, gemm=None, base=BASE):
         if profs:
             row["stage_busy_frac"] = [statistics.median(p[k] for p in profs if p[k] is not None)
                                       for k in range(len(profs[0]))]
-        oversub = row["stage_threads"] and sum(row["stage_threads"]) > t
+        g, W = row["stage_threads"], row["stage_workers"] or len(row["stage_threads"] or [])
+        oversub = g and sum(g[:W]) > t  # stage w runs on worker w: the first W groups are the workers'
+
         row["oversubscribed"] = bool(oversub)
         rows.append(row)
     return rows
@@ -449,6 +475,8 @@ def markdown(report):
     for r in report["summary"]:
         tps, ratio, rss, rr = r["tokens_per_s"], r["ratio_vs_bp"], r["peak_rss_mib"], r["rss_ratio_vs_bp"]
         groups = ",".join(map(str, r["stage_threads"])) if r["stage_threads"] else ""
+        if r.get("stage_workers") and r["stage_threads"] and r["stage_workers"] < len(r["stage_threads"]):
+            groups += f" on {r['stage_workers']} workers"
         if r.get("oversubscribed"):
             groups += " (oversubscribed)"
         lines.append(
@@ -518,7 +546,7 @@ def plot(report, path):
 # ---------------------------------------------------------------------------------------------- the bench
 def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,), repeats=3,
               warmup_steps=3, steps=20, batch=None, seq=0, n_stages=None, stage_groups=("auto",),
-              max_staleness=1, dataset="default", data_dir=None, seed=0, gemm_peak=False,
+              stage_workers=(0,), max_staleness=1, dataset="default", data_dir=None, seed=0, gemm_peak=False,
               gemm_shape=None, timeout=None, model_overrides=None, log=None):
     """Run the benchmark and return the report dict (``settings``, ``machine``, ``runs`` with every
     raw figure, ``summary`` rows, ``gemm_peak``, ``notes``)."""
@@ -550,14 +578,15 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     stage_groups = list(stage_groups) if stage_groups else ["auto"]
     tcs = {}
     for m in modes:
-        for g in (stage_groups if m == "rgc-async" else ["auto"]):
+        for g, w in ([(g, w) for g in stage_groups for w in stage_workers] if m == "rgc-async"
+                     else [("auto", 0)]):
             tc = TrainConfig(mode=m if m != "torch" else "bp", steps=warmup_steps + steps,
                              warmup=max(1, (warmup_steps + steps) // 20), batch=batch, seq=seq,
                              seed=seed, threads=threads[0],
                              n_stages=n_stages if m in ("rgc-sync", "rgc-async") else 1,
-                             stage_threads=g, max_staleness=max_staleness)
+                             stage_threads=g, stage_workers=w, max_staleness=max_staleness)
             seq_eff = tc.validate_for(mcfg)
-            tcs[(m, g)] = tc
+            tcs[(m, g, w)] = tc
     from .data import load_dataset
     ds = load_dataset(dataset, data_dir=data_dir, log=log, seq=seq_eff)  # downloads/checks once
     if len(ds.train) < seq_eff + 1:
@@ -565,7 +594,7 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     if BASE not in modes:
         notes.append("bp not among --modes: no ratios to BP")
     flops = flops_per_token(mcfg, seq_eff)
-    variants = plan_variants(modes, stage_groups)
+    variants = plan_variants(modes, stage_groups, stage_workers)
     machine = describe_machine()
     gemm = {}
     if gemm_peak:
@@ -575,8 +604,8 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
             gemm[t] = launch({"kind": "gemm", "shape": shape, "threads": t}, timeout=timeout)
     records = []
     order = interleaved(variants, threads, repeats)
-    for i, (t, rnd, (label, mode, groups)) in enumerate(order):
-        tc = tcs[(mode, groups)]
+    for i, (t, rnd, (label, mode, groups, workers)) in enumerate(order):
+        tc = tcs[(mode, groups, workers)]
         tc_d = dict(tc.to_dict(), threads=t)
         spec = {"kind": "train", "mode": mode, "label": label, "threads": t, "round": rnd,
                 "model": mcfg.to_dict(), "train": tc_d, "warmup_steps": warmup_steps, "steps": steps,
@@ -594,7 +623,8 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     settings = {"config": config, "model": mcfg.to_dict(), "modes": modes,
                 "variants": [v[0] for v in variants], "threads": threads, "repeats": repeats,
                 "warmup_steps": warmup_steps, "steps": steps, "batch": batch, "seq": seq_eff,
-                "n_stages": n_stages, "stage_groups": stage_groups, "max_staleness": max_staleness,
+                "n_stages": n_stages, "stage_groups": stage_groups, "stage_workers": list(stage_workers),
+                "max_staleness": max_staleness,
                 "dataset": dataset, "seed": seed, "order": [[t, r, v[0]] for t, r, v in order],
                 "n_params": Layout(mcfg).size, "non_embedding_params": non_embedding_params(mcfg)}
     report = {"settings": settings, "machine": machine, "machine_line": machine_line(machine),

@@ -103,6 +103,7 @@ class TrainConfig:
     threads: int = 0              # 0: all cores
     n_stages: int = 4
     stage_threads: str = "auto"   # "auto" or comma list, one per stage
+    stage_workers: int = 0        # rgc-async worker threads the stages share; 0: auto
     max_staleness: int = 1
     on_nan: str = "stop"          # stop | skip
     keep: int = 3
@@ -113,7 +114,7 @@ class TrainConfig:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name, lo in (("steps", 1), ("batch", 1), ("seq", 0), ("warmup", 0), ("eval_every", 0),
                          ("eval_batches", 1), ("log_every", 1), ("seed", 0), ("threads", 0),
-                         ("n_stages", 1), ("max_staleness", 0), ("keep", 1), ("ckpt_every", 0)):
+                         ("n_stages", 1), ("stage_workers", 0), ("max_staleness", 0), ("keep", 1), ("ckpt_every", 0)):
             object.__setattr__(self, name, _int(name, getattr(self, name), lo))
         object.__setattr__(self, "lr", _float("lr", self.lr, 0.0, lo_open=True))
         object.__setattr__(self, "min_lr_frac", _float("min_lr_frac", self.min_lr_frac, 0.0, 1.0))
@@ -137,7 +138,12 @@ class TrainConfig:
         if self.mode != "bp" and mcfg.n_layer % self.n_stages:
             raise ConfigError(f"n_stages ({self.n_stages}) must divide n_layer ({mcfg.n_layer})")
         if self.mode == "rgc-async":
-            parse_stage_threads(self.stage_threads, self.n_stages)
+            groups = parse_stage_threads(self.stage_threads, self.n_stages)
+            if self.stage_workers > self.n_stages:
+                raise ConfigError(f"stage_workers ({self.stage_workers}) must be <= n_stages "
+                                  f"({self.n_stages}): a worker runs one or more whole stages")
+            if groups is not None and self.stage_workers:
+                worker_groups(groups, self.stage_workers)
         return seq
 
     def to_dict(self):
@@ -165,3 +171,29 @@ def parse_stage_threads(spec, n_stages):
     if any(g < 1 for g in groups):
         raise ConfigError(f"stage_threads groups must be >= 1, got {spec!r}")
     return groups
+
+
+def resolve_stage_workers(tc, budget):
+    """How many worker threads run rgc-async's stages. Stage k runs on worker k mod W, and a worker
+    runs its stages one after another, reusing one set of activation buffers: a stage's activations
+    die when its step ends (no gradient crosses a stage boundary), so memory grows with the stages
+    in flight, not with K. ``auto``: one worker per stage when the thread budget (or an explicit
+    per-stage group list) allows it, else one single-thread worker per core of the budget."""
+    K = tc.n_stages
+    if tc.stage_workers:
+        return min(tc.stage_workers, K)
+    if parse_stage_threads(tc.stage_threads, K) is not None:
+        return K
+    return max(1, min(K, budget))
+
+
+def worker_groups(groups, n_workers):
+    """Per-stage thread groups -> per-worker groups; the stages a worker runs must agree."""
+    out = []
+    for w in range(n_workers):
+        mine = sorted({groups[k] for k in range(w, len(groups), n_workers)})
+        if len(mine) != 1:
+            raise ConfigError(f"stage_threads gives stages {', '.join(map(str, range(w, len(groups), n_workers)))}"
+                              f" (all on worker {w} of {n_workers}) different groups {mine}")
+        out.append(mine[0])
+    return out

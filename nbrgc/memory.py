@@ -45,7 +45,11 @@ def estimate(cfg, tc, B, T, nt):
         out["activations"] = workspace_bytes(cfg, B, T, L, item, nt)
     else:
         K, per = tc.n_stages, L // tc.n_stages
-        n_ws = K if tc.mode == "rgc-async" else 1
+        n_ws = 1
+        if tc.mode == "rgc-async":  # one workspace per worker (stages sharing a worker share it)
+            from .config import resolve_stage_workers
+            from .threads import cpu_count
+            n_ws = resolve_stage_workers(tc, tc.threads or cpu_count())
         out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt)
         S = tc.max_staleness if tc.mode == "rgc-async" else 0
         out["rgc"] = (S + 1) * K * dec * item + dec * item

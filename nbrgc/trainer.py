@@ -212,8 +212,8 @@ class Trainer:
             start = self._restore(model, scheme, batches)
         if tc.mode == "rgc-async":
             scheme.tune(tc.batch, self.seq)
-            self.info(f"stage thread groups: {scheme.groups} (budget {budget}), max staleness "
-                      f"{tc.max_staleness}")
+            self.info(f"stage thread groups: {scheme.groups} (budget {budget}) on {scheme.W} worker(s) "
+                      f"(stage k on worker k mod {scheme.W}), max staleness {tc.max_staleness}")
         eval_ws = self._eval_workspace(model, scheme, stages)
         handlers = self._install_signals()
         tokens_per_step = tc.batch * self.seq
@@ -312,6 +312,7 @@ class Trainer:
                    "checkpoint": last_ckpt, "stopped": self._stop_reason}
         if tc.mode == "rgc-async":
             summary["stage_threads"] = scheme.groups
+            summary["stage_workers"] = scheme.W
             summary["pipeline_buffers_mib"] = scheme.buffer_bytes() / 2**20
         self.emit(summary)
         self.info(f"done: val bpb {summary['val_bpb'] if summary['val_bpb'] is None else round(summary['val_bpb'], 4)}"

@@ -130,6 +130,45 @@ def test_rgc_async_is_deterministic(text, S, K, cfg):
     assert not np.array_equal(stage_losses(a), stage_losses(sy))
 
 
+@pytest.mark.parametrize("S", [0, 2])
+def test_rgc_async_stage_workers_change_nothing_but_buffers(text, S):
+    """Four stages on 1, 2, 3 or 4 worker threads (stage k on worker k mod W, one workspace per
+    worker): the same losses, norms and parameters to the last bit, with W workspaces allocated."""
+    kw = dict(cfg=TINY4, steps=10, lr=3e-3, warmup=3, grad_clip=0.5, n_stages=4, max_staleness=S,
+              stage_threads="1", threads=1)
+    ref, m_ref = run("rgc-async", text, stage_workers=4, **kw)
+    for W in (1, 2, 3):
+        tc = TrainConfig(mode="rgc-async", n_stages=4, stage_workers=W, stage_threads="1")
+        sc = make_scheme(Model(TINY4), tc)
+        assert sc.W == W and [sc.worker_stages(w) for w in range(W)] == \
+            [list(range(w, 4, W)) for w in range(W)]
+        got, m_got = run("rgc-async", text, stage_workers=W, **kw)
+        assert stage_losses(got).tolist() == stage_losses(ref).tolist(), W
+        assert [r.grad_norm for r in got] == [r.grad_norm for r in ref]
+        assert np.array_equal(m_got.flat, m_ref.flat)
+        assert not stage_threads_alive()
+
+
+def test_rgc_async_stage_workers_auto_and_memory():
+    from nbrgc.config import resolve_stage_workers
+    from nbrgc.memory import estimate
+    from nbrgc.errors import ConfigError
+    tc = lambda **k: TrainConfig(mode="rgc-async", n_stages=4, **k)  # noqa: E731
+    assert resolve_stage_workers(tc(), budget=2) == 2       # one single-thread worker per core
+    assert resolve_stage_workers(tc(), budget=8) == 4       # one per stage
+    assert resolve_stage_workers(tc(stage_threads="1,1,1,1"), budget=2) == 4  # pinned per stage
+    assert resolve_stage_workers(tc(stage_workers=3), budget=2) == 3
+    # memory: the activations scale with the workers, not with the stages
+    act = {W: estimate(TINY4, tc(stage_workers=W), 4, 64, 1)["activations"] for W in (1, 2, 4)}
+    assert act[2] == 2 * act[1] and act[4] == 4 * act[1]
+    with pytest.raises(ConfigError, match="stage_workers"):
+        tc(stage_workers=5).validate_for(TINY4)
+    with pytest.raises(ConfigError, match="worker 0 of 2"):
+        tc(stage_workers=2, stage_threads="2,1,1,1").validate_for(TINY4)
+    with pytest.raises(ConfigError):
+        TrainConfig(mode="rgc-async", stage_workers=-1)
+
+
 def test_rgc_async_trains_on_text(enwik6):
     res, model = run("rgc-async", enwik6, cfg=TINY, steps=60, lr=1e-2, warmup=5, grad_clip=1.0,
                      n_stages=2, max_staleness=1)

@@ -32,6 +32,19 @@ def integer(text):
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
 
 
+def workers(text):
+    """argparse type for --stage-workers: ``auto`` (0) or a positive integer."""
+    if str(text).strip().lower() == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be auto or a positive integer, got {text!r}")
+    return value
+
+
 def run_main(fn, argv=None):
     """Run ``fn(argv)``; a user error becomes one line on stderr and exit status 2."""
     try:

@@ -3,7 +3,7 @@ import argparse
 import os
 import sys
 
-from . import OneLineParser, finite_number, run_main
+from . import OneLineParser, finite_number, run_main, workers
 
 
 def build_parser():
@@ -22,6 +22,10 @@ def build_parser():
     g.add_argument("--mode", default="bp", help="bp | rgc-sync | rgc-async")
     g.add_argument("--n-stages", type=int, default=4, help="RGC stages (must divide n_layer)")
     g.add_argument("--stage-threads", default="auto", help="rgc-async thread groups: auto or 1,1,1,1")
+    g.add_argument("--stage-workers", type=workers, default=0,
+                   help="rgc-async: worker threads the stages share (stage k on worker k mod W; "
+                        "memory grows with W). auto: one per stage, or one per core when the thread "
+                        "budget is below n_stages")
     g.add_argument("--max-staleness", type=int, default=1, help="rgc-async: steps a stage may run ahead")
     g = p.add_argument_group("budget (the first given wins: --time, --tokens, --steps)")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
@@ -92,7 +96,8 @@ def parse(argv=None):
                      weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=eval_every,
                      eval_batches=a.eval_batches, log_every=a.log_every, seed=a.seed,
                      threads=a.threads, n_stages=a.n_stages if a.mode != "bp" else 1,
-                     stage_threads=a.stage_threads, max_staleness=a.max_staleness, on_nan=a.on_nan,
+                     stage_threads=a.stage_threads, stage_workers=a.stage_workers,
+                     max_staleness=a.max_staleness, on_nan=a.on_nan,
                      keep=a.keep, ckpt_every=a.ckpt_every)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":

@@ -1,5 +1,12 @@
-"""Asynchronous RGC: one Python worker thread per stage, each running nogil Numba code with its own
-thread group, stage k on micro-batch t while stage k+1 works on t-1.
+"""Asynchronous RGC: Python worker threads running nogil Numba code, each with its own thread group,
+stage k on micro-batch t while stage k+1 works on t-1.
+
+Workers: stage k runs on worker k mod W (``stage_workers``; by default one per stage, or one per core
+when the thread budget is smaller than K). A worker runs its stages' steps in (step, stage) order and
+reuses one workspace for them: no gradient crosses a stage boundary, so a stage's activations are
+dead once its step ends, and memory grows with W, not with K. Every wait below is on a step that
+comes earlier in (step, stage) order, so any W from 1 to K runs without deadlock, and since no
+result depends on timing, W changes only speed and memory, never a bit of the losses.
 
 Hand-offs and bounds (all buffers preallocated once, sized by the staleness bound S):
 
@@ -21,7 +28,7 @@ import time
 
 import numpy as np
 
-from ..config import parse_stage_threads
+from ..config import parse_stage_threads, resolve_stage_workers, worker_groups
 from ..errors import NbrgcError, StageError
 from ..kernels.atomics import fetch_add
 from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
@@ -92,7 +99,10 @@ class RGCAsync(SchemeBase):
         self.dec_lo, self.dec_hi = model.layout.decoder_range
         self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
         self.budget = tc.threads or cpu_count()
+        self.W = resolve_stage_workers(tc, self.budget)
         self.groups = parse_stage_threads(tc.stage_threads, self.K)
+        if self.groups is not None:
+            worker_groups(self.groups, self.W)
         self.fault_hook = fault_hook
         self.log = log or (lambda msg: None)
         self._buffers = None
@@ -120,7 +130,7 @@ class RGCAsync(SchemeBase):
         per = self.stages[0][1] - self.stages[0][0]
         dec = self.dec_hi - self.dec_lo
         b = {}
-        b["ws"] = [m.workspace(B, T, 0, per) for _ in range(K)]
+        b["ws"] = [m.workspace(B, T, 0, per) for _ in range(self.W)]  # one per worker
         b["ring"] = np.zeros((max(K - 1, 1), S + 1, B * T, d), m.dtype)
         b["produced"] = np.zeros(max(K - 1, 1), np.int64)
         b["consumed"] = np.zeros(max(K - 1, 1), np.int64)
@@ -137,7 +147,7 @@ class RGCAsync(SchemeBase):
         self.log(f"rgc-async buffers: {self.buffer_bytes() / 2**20:.1f} MiB (ring "
                  f"{b['ring'].nbytes / 2**20:.1f} MiB, decoder versions "
                  f"{b['versions'].nbytes / 2**20:.2f} MiB, RGC slots {b['rgc'].nbytes() / 2**20:.2f} MiB, "
-                 f"stage workspaces {sum(w.nbytes() for w in b['ws']) / 2**20:.1f} MiB)")
+                 f"{self.W} worker workspace(s) {sum(w.nbytes() for w in b['ws']) / 2**20:.1f} MiB)")
 
     def buffer_bytes(self):
         b = self._buffers
@@ -150,8 +160,16 @@ class RGCAsync(SchemeBase):
     def tune(self, B, T):
         """Resolve --stage-threads auto (once)."""
         if self.groups is None:
-            self.groups = autotune_groups(self.model, self.stages, self.budget, B, T, self.log)
+            if self.W < self.K:  # stages share workers: split the budget over the workers evenly
+                per, extra = divmod(self.budget, self.W)
+                wg = [max(1, per + (w < extra)) for w in range(self.W)]
+                self.groups = [wg[k % self.W] for k in range(self.K)]
+            else:
+                self.groups = autotune_groups(self.model, self.stages, self.budget, B, T, self.log)
         return self.groups
+
+    def worker_stages(self, w):
+        return list(range(w, self.K, self.W))
 
     def _start(self, step0, B, T):
         self.tune(B, T)
@@ -174,8 +192,9 @@ class RGCAsync(SchemeBase):
         self.stage_step_s = [0.0] * self.K
         self.stage_wait_s = [0.0] * self.K
         self._inq = queue.Queue(maxsize=S + 1)
-        self._threads = [threading.Thread(target=self._worker, args=(k,), name=f"nbrgc-stage-{k}",
-                                          daemon=True) for k in range(self.K)]
+        self._threads = [threading.Thread(target=self._worker, args=(w,), daemon=True,
+                                          name="nbrgc-stage-" + "+".join(map(str, self.worker_stages(w))))
+                         for w in range(self.W)]
         for th in self._threads:
             th.start()
 
@@ -280,17 +299,19 @@ class RGCAsync(SchemeBase):
             self.cond.notify_all()
 
     # ------------------------------------------------------------------ the stage loop
-    def _worker(self, k):
+    def _worker(self, w):
+        k = w
         try:
-            set_threads(self.groups[k])
+            set_threads(self.groups[w])
+            mine = self.worker_stages(w)
             t = self.started_at
             while True:
-                t0 = time.perf_counter()
-                try:
-                    if not self._stage_step(k, t):
-                        return
-                finally:
-                    self.stage_step_s[k] += time.perf_counter() - t0
+                for k in mine:
+                    t0 = time.perf_counter()
+                    try:
+                        self._stage_step(k, t)
+                    finally:
+                        self.stage_step_s[k] += time.perf_counter() - t0
                 t += 1
         except _Stopped:
             return
@@ -303,7 +324,7 @@ class RGCAsync(SchemeBase):
 
     def _stage_step(self, k, t):
         m, b, S, K, tc = self.model, self._buffers, self.S, self.K, self.tc
-        ws = b["ws"][k]
+        ws = b["ws"][k % self.W]
         lo, hi = self.stages[k]
         plo, phi = self.ranges[k]
         slot_t = t % (S + 2)
@@ -381,7 +402,6 @@ class RGCAsync(SchemeBase):
         # 5. post; the last poster closes the round
         if fetch_add(rgc.counters, r, 1) == K - 1:
             self._close_round(t, lr, k)
-        return True
 
     def _close_round(self, t, lr, k):
         b, S = self._buffers, self.S
@@ -408,11 +428,13 @@ class RGCAsync(SchemeBase):
         arrays, meta = super().state()
         meta["decoder_version"] = self.version
         meta["stage_groups"] = self.groups
+        meta["stage_workers"] = self.W
         return arrays, meta
 
     def load_state(self, arrays, meta):
         super().load_state(arrays, meta)
         # Group sizes change reduction splits (last-bit differences): a resumed `auto` run reuses
         # the groups its autotune chose instead of timing again.
-        if parse_stage_threads(self.tc.stage_threads, self.K) is None and meta.get("stage_groups"):
+        if (parse_stage_threads(self.tc.stage_threads, self.K) is None and meta.get("stage_groups")
+                and int(meta.get("stage_workers", self.K)) == self.W):
             self.groups = [int(g) for g in meta["stage_groups"]]
