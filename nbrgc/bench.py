@@ -476,7 +476,7 @@ def markdown(report):
         tps, ratio, rss, rr = r["tokens_per_s"], r["ratio_vs_bp"], r["peak_rss_mib"], r["rss_ratio_vs_bp"]
         groups = ",".join(map(str, r["stage_threads"])) if r["stage_threads"] else ""
         if r.get("stage_workers") and r["stage_threads"] and r["stage_workers"] < len(r["stage_threads"]):
-            groups += f" on {r['stage_workers']} workers"
+            groups += f" on {r['stage_workers']} worker{'s' if r['stage_workers'] > 1 else ''}"
         if r.get("oversubscribed"):
             groups += " (oversubscribed)"
         lines.append(

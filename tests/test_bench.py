@@ -111,6 +111,13 @@ def test_parsing_and_run_order():
         bench.default_n_stages(6) == 3
     v = bench.plan_variants(["bp", "rgc-async"], ["auto", "2,1"])
     assert [x[0] for x in v] == ["bp", "rgc-async", "rgc-async[2,1]"]
+    v = bench.plan_variants(["rgc-async"], ["auto", "1,1"], bench.parse_stage_workers("auto,2"))
+    assert [x[0] for x in v] == ["rgc-async", "rgc-async[2 workers]", "rgc-async[1,1]",
+                                 "rgc-async[1,1; 2 workers]"]
+    assert [x[3] for x in v] == [0, 2, 0, 2]
+    for bad in ("0", "x", "2,2", "-1"):
+        with pytest.raises(ConfigError):
+            bench.parse_stage_workers(bad)
     order = bench.interleaved(["A", "B", "C"], [1, 2], 2)
     assert [(t, r, x) for t, r, x in order][:6] == [(1, 0, "A"), (1, 0, "B"), (1, 0, "C"),
                                                     (1, 1, "A"), (1, 1, "B"), (1, 1, "C")]
@@ -156,7 +163,10 @@ def test_bench_end_to_end_tiny(tmp_path):
               runs[3]["tokens_per_s"] / runs[2]["tokens_per_s"]]
     assert ratio["per_round"] == pytest.approx(expect)
     assert ratio["median"] == pytest.approx(sum(expect) / 2)
-    assert rows["rgc-async"]["oversubscribed"] is True  # two stages on a one-thread budget
+    # two stages on a one-thread budget: auto runs both on one single-thread worker
+    assert runs[1]["stage_workers"] == 1 and rows["rgc-async"]["stage_workers"] == 1
+    assert rows["rgc-async"]["oversubscribed"] is False
+    assert "| 1,1 on 1 worker |" in text
     g = rep["gemm_peak"]["1"]
     assert g["shape"] == [64, 32, 128] and g["numba_matmul_correct"] and g["numba_gflops"] > 0
     assert rep["machine"]["threading_layer"] in ("omp", "tbb")

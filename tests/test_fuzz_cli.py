@@ -54,12 +54,13 @@ def value_for(flag):
             "--mode": mostly(st.sampled_from(list(MODES))),
             "--on-nan": mostly(st.sampled_from(["stop", "skip"])),
             "--stage-threads": mostly(stage_threads),
+            "--stage-workers": mostly(st.sampled_from(["auto", "1", "2", "3", "4", "0", "-1", "x"])),
             "--dataset": mostly(st.just("default")),
             "--data-dir": garbage, "--out": garbage}[flag]
 
 
 ALL_FLAGS = INT_FLAGS + FLOAT_FLAGS + BOOL_FLAGS + ["--config", "--mode", "--on-nan", "--stage-threads",
-                                                    "--dataset", "--data-dir", "--out"]
+                                                    "--stage-workers", "--dataset", "--data-dir", "--out"]
 
 
 @st.composite
@@ -102,6 +103,7 @@ def check(argv):
             assert tc.n_stages == 1
         if tc.mode == "rgc-async":
             parse_stage_threads(tc.stage_threads, tc.n_stages)
+            assert 0 <= tc.stage_workers <= tc.n_stages
         assert not a.resume or a.out
         for v in (tc.lr, tc.min_lr_frac, tc.weight_decay, tc.grad_clip):
             assert v == v and abs(v) != float("inf")
