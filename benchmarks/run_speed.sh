@@ -4,11 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks
-# 1. small and paper, every mode side by side (4 stages on a 2-thread budget: oversubscribed)
-bin/nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --threads 2 --repeats 5 \
-    --warmup-steps 3 --steps 20 --gemm-peak --out $out/small-speed.json | tee $out/small-speed.md
-bin/nbrgc-bench --config paper --modes bp,rgc-sync,rgc-async,torch --threads 2 --repeats 3 \
-    --warmup-steps 2 --steps 6 --gemm-peak --out $out/paper-speed.json | tee $out/paper-speed.md
+# 1. small and paper, every mode side by side. rgc-async twice: auto (4 stages on 2 single-thread
+#    workers, 2 stages each) and 4 workers (one per stage: 4 threads on 2 cores, oversubscribed)
+bin/nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --stage-workers auto,4 --threads 2 \
+    --repeats 5 --warmup-steps 3 --steps 20 --gemm-peak --out $out/small-speed.json | tee $out/small-speed.md
+bin/nbrgc-bench --config paper --modes bp,rgc-sync,rgc-async,torch --stage-workers auto,4 --threads 2 \
+    --repeats 3 --warmup-steps 2 --steps 6 --gemm-peak --out $out/paper-speed.json | tee $out/paper-speed.md
 # 2. rgc-async with exactly the budget's threads (2 stages x 1 thread)
 bin/nbrgc-bench --config small --modes bp,rgc-async --n-stages 2 --stage-threads 1,1 --threads 2 \
     --repeats 5 --warmup-steps 3 --steps 20 --out $out/small-k2.json | tee $out/small-k2.md
@@ -24,3 +25,6 @@ python3 -m nbrgc.profile --config paper --threads 2 --repeats 2 | tee $out/profi
 OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=1048576 bin/nbrgc-bench --config paper --modes bp,torch \
     --threads 2 --repeats 2 --warmup-steps 2 --steps 4 --gemm-peak --out $out/paper-openblas-haswell.json \
     | tee $out/paper-openblas-haswell.md
+# 6. BP against the PyTorch peer alone on small, more rounds (the ratio the performance target names)
+bin/nbrgc-bench --config small --modes bp,torch --threads 2 --repeats 9 --warmup-steps 3 --steps 20 \
+    --out $out/small-bp-torch.json | tee $out/small-bp-torch.md
