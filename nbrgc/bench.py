@@ -112,7 +112,7 @@ def _train_worker(spec):
         from .threads import limit_blas, set_threads
         limit_blas(1)
         nt = set_threads(threads)
-        model = Model(mcfg, seed=tc.seed)
+        model = Model(mcfg, seed=tc.seed, attention=tc.attention)
         sc = make_scheme(model, tc)
         out["numba_threads"] = nt
         out["expected_mib"] = estimate(mcfg, tc, tc.batch, seq, nt)["total"] / 2**20
@@ -364,18 +364,29 @@ def parse_stage_workers(text):
     return out
 
 
-def plan_variants(modes, stage_groups, stage_workers=(0,)):
-    """[(label, mode, stage_threads, stage_workers)]: rgc-async appears once per stage-group spec
-    and worker count (0: auto)."""
+def parse_attention(text):
+    """``"store,recompute"`` -> ["store", "recompute"] (the --attention sweep)."""
+    from .config import check_attention
+    out = [check_attention(p.strip()) for p in str(text).split(",") if p.strip()]
+    if not out or len(set(out)) != len(out):
+        raise ConfigError(f"--attention must list store and/or recompute once each, got {text!r}")
+    return out
+
+
+def plan_variants(modes, stage_groups, stage_workers=(0,), attention=("store",)):
+    """[(label, mode, stage_threads, stage_workers, attention)]: every nbrgc mode once per attention
+    choice, rgc-async also once per stage-group spec and worker count (0: auto)."""
     out = []
     for m in modes:
-        if m == "rgc-async":
-            for g in stage_groups:
-                for w in stage_workers:
-                    tags = ([] if g == "auto" else [g]) + ([f"{w} workers"] if w else [])
-                    out.append((f"{m}[{'; '.join(tags)}]" if tags else m, m, g, w))
-        else:
-            out.append((m, m, "auto", 0))
+        for a in (attention if m != "torch" else ["store"]):
+            extra = [] if a == "store" else [f"{a} attention"]
+            if m == "rgc-async":
+                for g in stage_groups:
+                    for w in stage_workers:
+                        tags = ([] if g == "auto" else [g]) + ([f"{w} workers"] if w else []) + extra
+                        out.append((f"{m}[{'; '.join(tags)}]" if tags else m, m, g, w, a))
+            else:
+                out.append((f"{m}[{'; '.join(extra)}]" if extra else m, m, "auto", 0, a))
     return out
 
 
@@ -546,7 +557,7 @@ def plot(report, path):
 # ---------------------------------------------------------------------------------------------- the bench
 def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,), repeats=3,
               warmup_steps=3, steps=20, batch=None, seq=0, n_stages=None, stage_groups=("auto",),
-              stage_workers=(0,), max_staleness=1, dataset="default", data_dir=None, seed=0, gemm_peak=False,
+              stage_workers=(0,), max_staleness=1, attention=("store",), dataset="default", data_dir=None, seed=0, gemm_peak=False,
               gemm_shape=None, timeout=None, model_overrides=None, log=None):
     """Run the benchmark and return the report dict (``settings``, ``machine``, ``runs`` with every
     raw figure, ``summary`` rows, ``gemm_peak``, ``notes``)."""
@@ -578,15 +589,15 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     stage_groups = list(stage_groups) if stage_groups else ["auto"]
     tcs = {}
     for m in modes:
-        for g, w in ([(g, w) for g in stage_groups for w in stage_workers] if m == "rgc-async"
-                     else [("auto", 0)]):
+        for _, _, g, w, att in plan_variants([m], stage_groups, stage_workers, attention):
             tc = TrainConfig(mode=m if m != "torch" else "bp", steps=warmup_steps + steps,
                              warmup=max(1, (warmup_steps + steps) // 20), batch=batch, seq=seq,
                              seed=seed, threads=threads[0],
                              n_stages=n_stages if m in ("rgc-sync", "rgc-async") else 1,
-                             stage_threads=g, stage_workers=w, max_staleness=max_staleness)
+                             stage_threads=g, stage_workers=w, max_staleness=max_staleness,
+                             attention=att)
             seq_eff = tc.validate_for(mcfg)
-            tcs[(m, g, w)] = tc
+            tcs[(m, g, w, att)] = tc
     from .data import load_dataset
     ds = load_dataset(dataset, data_dir=data_dir, log=log, seq=seq_eff)  # downloads/checks once
     if len(ds.train) < seq_eff + 1:
@@ -594,7 +605,7 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     if BASE not in modes:
         notes.append("bp not among --modes: no ratios to BP")
     flops = flops_per_token(mcfg, seq_eff)
-    variants = plan_variants(modes, stage_groups, stage_workers)
+    variants = plan_variants(modes, stage_groups, stage_workers, attention)
     machine = describe_machine()
     gemm = {}
     if gemm_peak:
@@ -604,8 +615,8 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
             gemm[t] = launch({"kind": "gemm", "shape": shape, "threads": t}, timeout=timeout)
     records = []
     order = interleaved(variants, threads, repeats)
-    for i, (t, rnd, (label, mode, groups, workers)) in enumerate(order):
-        tc = tcs[(mode, groups, workers)]
+    for i, (t, rnd, (label, mode, groups, workers, att)) in enumerate(order):
+        tc = tcs[(mode, groups, workers, att)]
         tc_d = dict(tc.to_dict(), threads=t)
         spec = {"kind": "train", "mode": mode, "label": label, "threads": t, "round": rnd,
                 "model": mcfg.to_dict(), "train": tc_d, "warmup_steps": warmup_steps, "steps": steps,
@@ -624,6 +635,7 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
                 "variants": [v[0] for v in variants], "threads": threads, "repeats": repeats,
                 "warmup_steps": warmup_steps, "steps": steps, "batch": batch, "seq": seq_eff,
                 "n_stages": n_stages, "stage_groups": stage_groups, "stage_workers": list(stage_workers),
+                "attention": list(attention),
                 "max_staleness": max_staleness,
                 "dataset": dataset, "seed": seed, "order": [[t, r, v[0]] for t, r, v in order],
                 "n_params": Layout(mcfg).size, "non_embedding_params": non_embedding_params(mcfg)}

@@ -106,6 +106,7 @@ class TrainConfig:
     stage_workers: int = 0        # rgc-async worker threads the stages share; 0: auto
     max_staleness: int = 1
     on_nan: str = "stop"          # stop | skip
+    attention: str = "store"      # store | recompute (the attention probabilities for the backward)
     keep: int = 3
     ckpt_every: int = 0           # 0: only at eval points and at the end
 
@@ -127,6 +128,7 @@ class TrainConfig:
         object.__setattr__(self, "grad_clip", _float("grad_clip", self.grad_clip, 0.0))
         if self.on_nan not in ("stop", "skip"):
             raise ConfigError(f"on_nan must be stop or skip, got {self.on_nan!r}")
+        check_attention(self.attention)
         if self.mode == "bp" and self.n_stages != 1:
             object.__setattr__(self, "n_stages", 1)
 
@@ -153,6 +155,18 @@ class TrainConfig:
     def from_dict(cls, d):
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+ATTENTION = ("store", "recompute")
+
+
+def check_attention(value):
+    """``store``: keep each block's attention probabilities for the backward (fastest; B*H*T*T per
+    block). ``recompute``: keep none, recompute them in the backward (the same bits, a few percent
+    slower, the activation memory of long contexts cut by up to the T^2 term)."""
+    if value not in ATTENTION:
+        raise ConfigError(f"attention must be one of {', '.join(ATTENTION)}, got {value!r}")
+    return value
 
 
 def parse_stage_threads(spec, n_stages):

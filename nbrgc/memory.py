@@ -20,12 +20,14 @@ def available_bytes():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def workspace_bytes(cfg, B, T, n_blocks, itemsize, nt, decoder=True):
+def workspace_bytes(cfg, B, T, n_blocks, itemsize, nt, decoder=True, attention="store"):
     """Bytes of one :class:`~nbrgc.model.Workspace` (mirrors its allocation, aliases counted once)."""
     d, H, V, N = cfg.d_model, cfg.n_head, cfg.vocab, B * T
-    per_block = N * (1 + 3 + 1 + 1 + 4) * d + 4 * N + B * H * T * T
+    keep = attention == "store"
+    per_block = N * (1 + 3 + 1 + 1 + 4) * d + 4 * N + (B * H * T * T if keep else 0)
     wide = max(4 * d if n_blocks else 0, V if decoder else 0, 3 * d if n_blocks else 0)
-    scratch = (N * d * 2 + N * wide + (N * 4 * d + min(nt, B * H) * T * T if n_blocks else 0)
+    chunks = min(nt, B * H) * T * T  # per-chunk attention buffers: score gradients (+ probabilities)
+    scratch = (N * d * 2 + N * wide + (N * 4 * d + chunks * (1 if keep else 2) if n_blocks else 0)
                + nt * 2 * d)
     dec = 3 * N if decoder else 0
     return itemsize * (N * d + n_blocks * per_block + scratch + dec) + 4 * N * (2 if decoder else 1)
@@ -42,7 +44,7 @@ def estimate(cfg, tc, B, T, nt):
            "eval_batches": 2 * 4 * tc.eval_batches * B * T}  # the held-out (x, y) int32 batches
     L = cfg.n_layer
     if tc.mode == "bp":
-        out["activations"] = workspace_bytes(cfg, B, T, L, item, nt)
+        out["activations"] = workspace_bytes(cfg, B, T, L, item, nt, attention=tc.attention)
     else:
         K, per = tc.n_stages, L // tc.n_stages
         n_ws = 1
@@ -50,7 +52,7 @@ def estimate(cfg, tc, B, T, nt):
             from .config import resolve_stage_workers
             from .threads import cpu_count
             n_ws = resolve_stage_workers(tc, tc.threads or cpu_count())
-        out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt)
+        out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt, attention=tc.attention)
         S = tc.max_staleness if tc.mode == "rgc-async" else 0
         out["rgc"] = (S + 1) * K * dec * item + dec * item
         if tc.mode == "rgc-async":

@@ -7,7 +7,7 @@ lnf.w, lnf.b, head.w, head.b (contiguous, so an RGC slot or the decoder's optimi
 import numba
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, check_attention
 from .errors import ConfigError
 from .kernels.blocks import (BLOCK_PARAMS, blocks_bwd, blocks_fwd, decoder_fwd, decoder_fwd_bwd,
                              decoder_logits)
@@ -69,7 +69,8 @@ class Workspace:
     the backward scratch and, optionally, the decoder's buffers. One per concurrent user (a stage
     worker owns its own)."""
 
-    def __init__(self, cfg, B, T, lo, hi, dtype, decoder=True):
+    def __init__(self, cfg, B, T, lo, hi, dtype, decoder=True, attention="store"):
+        check_attention(attention)
         d, H, V, n = cfg.d_model, cfg.n_head, cfg.vocab, hi - lo
         N = B * T
         self.B, self.T, self.lo, self.hi = B, T, lo, hi
@@ -77,9 +78,13 @@ class Workspace:
         self.res = e(n + 1, N, d)
         self.m1, self.r1, self.m2, self.r2 = e(n, N), e(n, N), e(n, N), e(n, N)
         self.qkv, self.atty, self.x2, self.pre = e(n, N, 3 * d), e(n, N, d), e(n, N, d), e(n, N, 4 * d)
-        self.probs = e(n, B, H, T, T)
         k = 1 if n else 0  # scratch is only needed when there are blocks
         nt = max(1, numba.config.NUMBA_NUM_THREADS)
+        self.attention = attention
+        if attention == "store":
+            self.probs, self.pscr = e(n, B, H, T, T), e(0, T, T)
+        else:  # recomputed in the backward: a buffer per parallel chunk instead
+            self.probs, self.pscr = e(n, 0, 0, 0, 0), e(k * min(nt, B * H), T, T)
         # Scratch is aliased wherever lifetimes do not overlap (one block's backward at a time, and
         # the decoder runs between forward and backward): `ln` also serves as the attention-output
         # gradient and the decoder's LayerNorm output; one flat buffer holds the GELU activations,
@@ -124,12 +129,13 @@ def _plan():
 class Model:
     """``Model(cfg, seed=0, dtype=np.float32)``: parameters, gradients and the compute entry points."""
 
-    def __init__(self, cfg, seed=0, dtype=np.float32):
+    def __init__(self, cfg, seed=0, dtype=np.float32, attention="store"):
         if not isinstance(cfg, ModelConfig):
             raise ConfigError(f"Model needs a ModelConfig, got {type(cfg).__name__}")
         if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ConfigError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
         self.cfg, self.dtype = cfg, np.dtype(dtype)
+        self.attention = check_attention(attention)
         self.layout = Layout(cfg)
         self.flat = np.zeros(self.layout.size, self.dtype)
         self.grad_flat = np.zeros(self.layout.size, self.dtype)
@@ -162,10 +168,10 @@ class Model:
     def workspace(self, B, T, lo=0, hi=None, decoder=True):
         """A new Workspace for blocks lo..hi-1 (callers running concurrently need one each)."""
         hi = self.cfg.n_layer if hi is None else hi
-        return Workspace(self.cfg, B, T, lo, hi, self.dtype, decoder)
+        return Workspace(self.cfg, B, T, lo, hi, self.dtype, decoder, self.attention)
 
     def _cached_ws(self, B, T):
-        key = (B, T)
+        key = (B, T, self.attention)
         if key not in self._ws:
             self._ws.clear()  # keep one: a different batch shape replaces the old buffers
             self._ws[key] = self.workspace(B, T)
@@ -202,7 +208,7 @@ class Model:
             ws.res[0][...] = h_in
         blocks_fwd(self.flat, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
                    ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
-                   _threads())
+                   _threads(), ws.pscr)
         return ws.res[hi - lo]
 
     def backward_blocks(self, dh_out, lo, hi, ws, grad_flat=None):
@@ -214,7 +220,7 @@ class Model:
         blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
                    ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
                    ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads(),
-                   _plan(), ws.dg, ws.dln, ws.dln2)
+                   _plan(), ws.dg, ws.dln, ws.dln2, ws.pscr)
         return ws.dcur
 
     def decoder_params(self):

@@ -16,7 +16,7 @@ from collections import defaultdict
 import numba
 import numpy as np
 
-from .kernels.attention import attention_bwd, attention_fwd
+from .kernels.attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
 from .kernels.blocks import _copy_add_bias, decoder_fwd_bwd
 from .kernels.embedding import embedding_bwd, embedding_fwd
 from .kernels.gemm import linear_bwd, linear_fwd, matmul
@@ -44,6 +44,7 @@ def profiled_loss_and_grad(model, x, y, timer):
     x, y = model._check_xy(x, y)
     B, T = x.shape
     ws = model._cached_ws(B, T)
+    keep = ws.attention == "store"
     nt = numba.get_num_threads()
     offs = model.layout.block_offs
     from .gemm_plan import plan_for
@@ -57,7 +58,10 @@ def profiled_loss_and_grad(model, x, y, timer):
         o = offs[i]
         timer("layernorm fwd", layernorm_fwd, ws.res[i], vec(P, o[0], d), vec(P, o[1], d), ws.ln, ws.m1[i], ws.r1[i])
         timer("qkv gemm fwd", linear_fwd, ws.ln, mat(P, o[2], d, 3 * d), vec(P, o[3], 3 * d), ws.qkv[i], nt)
-        timer("attention fwd", attention_fwd, ws.qkv[i], B, T, H, ws.probs[i], ws.atty[i])
+        if keep:
+            timer("attention fwd", attention_fwd, ws.qkv[i], B, T, H, ws.probs[i], ws.atty[i])
+        else:
+            timer("attention fwd", attention_fwd_lean, ws.qkv[i], B, T, H, ws.pscr, ws.atty[i])
         timer("residual+bias", _copy_add_bias, ws.res[i], vec(P, o[5], d), ws.x2[i])
         timer("attn-out gemm fwd", matmul, ws.atty[i], mat(P, o[4], d, d), ws.x2[i], 1.0, nt)
         timer("layernorm fwd", layernorm_fwd, ws.x2[i], vec(P, o[6], d), vec(P, o[7], d), ws.ln, ws.m2[i], ws.r2[i])
@@ -85,7 +89,11 @@ def profiled_loss_and_grad(model, x, y, timer):
               vec(G, o[6], d), vec(G, o[7], d), ws.partial, nt, 1.0)
         timer("attn-out gemm bwd", linear_bwd, ws.atty[i], mat(P, o[4], d, d), dcur, ws.datt,
               mat(G, o[4], d, d), vec(G, o[5], d), nt, 0.0, plan[4], plan[5])
-        timer("attention bwd", attention_bwd, ws.datt, ws.qkv[i], B, T, H, ws.probs[i], ws.dP, ws.dqkv)
+        if keep:
+            timer("attention bwd", attention_bwd, ws.datt, ws.qkv[i], B, T, H, ws.probs[i], ws.dP, ws.dqkv)
+        else:
+            timer("attention bwd (recomputes probabilities)", attention_bwd_lean, ws.datt, ws.qkv[i], B, T,
+                  H, ws.pscr, ws.dP, ws.dqkv)
         timer("layernorm recompute", layernorm_apply, ws.res[i], vec(P, o[0], d), vec(P, o[1], d), ws.m1[i], ws.r1[i], ws.ln)
         timer("qkv gemm bwd", linear_bwd, ws.ln, mat(P, o[2], d, 3 * d), ws.dqkv, ws.dln,
               mat(G, o[2], d, 3 * d), vec(G, o[3], 3 * d), nt, 0.0, plan[6], plan[7])
@@ -100,7 +108,10 @@ def profile_step(model, x, y, lr=1e-3, repeats=3):
     from .kernels.adamw import adamw_update, sumsq
     M = np.zeros_like(model.flat)
     V = np.zeros_like(model.flat)
-    profiled_loss_and_grad(model, x, y, Timer())  # load the kernels first
+    profiled_loss_and_grad(model, x, y, Timer())  # load (or compile) every kernel first
+    sumsq(model.grad_flat)
+    adamw_update(model.flat.copy(), model.grad_flat, M.copy(), V.copy(), model.decay_mask, lr, 0.9, 0.95,
+                 1e-8, 0.1, 1, 1.0)
     timer = Timer()
     t0 = time.perf_counter()
     for r in range(repeats):
@@ -122,13 +133,14 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--attention", default="store", choices=("store", "recompute"))
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     cfg = preset(a.config)
     B = a.batch or PRESET_BATCH[a.config]
     limit_blas(1)
     nt = set_threads(a.threads or numba.config.NUMBA_NUM_THREADS)
-    model = Model(cfg, seed=0)
+    model = Model(cfg, seed=0, attention=a.attention)
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (B, cfg.ctx))
     y = rng.integers(0, 256, (B, cfg.ctx))
@@ -138,7 +150,8 @@ def main(argv=None):
     if a.json:
         print(json.dumps({"config": a.config, "batch": B, "threads": nt, "step_s": wall, "kernels_s": per}))
         return 0
-    print(f"# per-kernel time of one BP step: {a.config}, batch {B}, ctx {cfg.ctx}, {nt} threads\n")
+    print(f"# per-kernel time of one BP step: {a.config}, batch {B}, ctx {cfg.ctx}, {nt} threads"
+          + ("" if a.attention == "store" else ", attention probabilities recomputed") + "\n")
     print("| kernel | ms/step | share |\n|---|---:|---:|")
     for k, v in rows:
         print(f"| {k} | {v * 1e3:.1f} | {v / tot:.1%} |")

@@ -199,7 +199,7 @@ class Trainer:
         self.info(f"nbrgc: {describe()}")
         self.info(f"model {mcfg.to_dict()} | mode {tc.mode} | batch {tc.batch} x seq {self.seq} | "
                   f"steps {tc.steps} | data {self.data.name} ({len(self.data.train):,} train bytes)")
-        model = Model(mcfg, seed=tc.seed)
+        model = Model(mcfg, seed=tc.seed, attention=tc.attention)
         self.info(f"parameters: {model.n_params:,}")
         scheme = make_scheme(model, tc, fault_hook=self.fault_hook, log=self.info)
         stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)

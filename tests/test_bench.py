@@ -118,6 +118,12 @@ def test_parsing_and_run_order():
     for bad in ("0", "x", "2,2", "-1"):
         with pytest.raises(ConfigError):
             bench.parse_stage_workers(bad)
+    v = bench.plan_variants(["bp", "torch"], ["auto"], [0], bench.parse_attention("store,recompute"))
+    assert [(x[0], x[4]) for x in v] == [("bp", "store"), ("bp[recompute attention]", "recompute"),
+                                         ("torch", "store")]
+    for bad in ("", "flash", "store,store"):
+        with pytest.raises(ConfigError):
+            bench.parse_attention(bad)
     order = bench.interleaved(["A", "B", "C"], [1, 2], 2)
     assert [(t, r, x) for t, r, x in order][:6] == [(1, 0, "A"), (1, 0, "B"), (1, 0, "C"),
                                                     (1, 1, "A"), (1, 1, "B"), (1, 1, "C")]

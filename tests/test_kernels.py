@@ -8,11 +8,12 @@ reductions are exercised whatever the core count.
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import nbrgc  # noqa: F401  (thread-safe threading layer first)
 from nbrgc.kernels.adamw import adamw_update, all_finite, fill, sumsq, _CHUNK
-from nbrgc.kernels.attention import attention_bwd, attention_fwd
+from nbrgc.kernels.attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
 from nbrgc.kernels.embedding import embedding_bwd, embedding_fwd
 from nbrgc.kernels.gemm import TASKS, linear_bwd, linear_fwd, matmul, matmul_nt, matmul_tn
 from nbrgc.kernels.layernorm import EPS, layernorm_apply, layernorm_bwd, layernorm_fwd
@@ -332,6 +333,47 @@ def test_attention_forward_vs_numpy(case, data):
     np.testing.assert_allclose(probs.sum(axis=-1), 1.0, rtol=1e-12)
     if T == 1:  # a single position attends only to itself: y = v
         np.testing.assert_allclose(y, qkv[:, 2 * d:], rtol=1e-12, atol=1e-12)
+
+
+@SETTINGS
+@given(attention_case(), st.integers(1, 4), seeds(), st.data())
+def test_attention_recompute_grad_vs_finite_differences(case, n_scratch, seed, data):
+    """The lean pair (no probabilities kept, recomputed in the backward) on its own."""
+    B, T, H, hd = case
+    d = H * hd
+    qkv = data.draw(float64_arrays((B * T, 3 * d), scale=2.0))
+    R = _normal(seed, B * T, d)
+
+    def f(qkv):
+        y = np.empty((B * T, d))
+        attention_fwd_lean(qkv, B, T, H, np.empty((n_scratch, T, T)), y)
+        return float((R * y).sum())
+
+    dqkv = np.full((B * T, 3 * d), np.nan)
+    attention_bwd_lean(R, qkv, B, T, H, np.full((n_scratch, T, T), np.nan),
+                       np.full((n_scratch, T, T), np.nan), dqkv)
+    check_grad(f, [qkv], [dqkv], seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("B,T,H,hd", [(2, 5, 3, 2), (2, 130, 2, 8), (1, 64, 4, 4)])
+def test_attention_recompute_is_bitwise_the_stored_path(dtype, B, T, H, hd):
+    """Same calls on the same shapes: recomputing the probabilities changes no bit of y or dqkv,
+    for one query block and for several (T > QB), with any number of scratch buffers."""
+    d = H * hd
+    qkv, dy = _normal(0, B * T, 3 * d).astype(dtype), _normal(1, B * T, d).astype(dtype)
+    probs, y = np.empty((B, H, T, T), dtype), np.empty((B * T, d), dtype)
+    attention_fwd(qkv, B, T, H, probs, y)
+    want = np.empty((B * T, 3 * d), dtype)
+    attention_bwd(dy, qkv, B, T, H, probs, np.zeros((2, T, T), dtype), want)
+    for n_scratch in (1, 3, 2 * B * H + 1):
+        y2 = np.full((B * T, d), np.nan, dtype)
+        attention_fwd_lean(qkv, B, T, H, np.full((n_scratch, T, T), np.nan, dtype), y2)
+        assert np.array_equal(y2, y)
+        got = np.full((B * T, 3 * d), np.nan, dtype)
+        attention_bwd_lean(dy, qkv, B, T, H, np.full((n_scratch, T, T), np.nan, dtype),
+                           np.full((n_scratch, T, T), np.nan, dtype), got)
+        assert np.array_equal(got, want), n_scratch
 
 
 def test_attention_backward_consumes_probs_and_uses_any_scratch_count():

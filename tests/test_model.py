@@ -57,6 +57,36 @@ def test_whole_model_gradient_every_tensor(cfg, B, T, one_thread):
     assert np.all(g["wte"][absent] == 0.0)
 
 
+def test_attention_recompute_same_bits_less_memory():
+    """Model(attention="recompute") keeps no attention probabilities: the same loss and gradients to
+    the last bit as the stored path (float32 and float64, several query blocks), a workspace smaller
+    by the probabilities, and the memory estimate follows both."""
+    from nbrgc.memory import estimate, workspace_bytes
+    cfg = ModelConfig(n_layer=2, d_model=16, n_head=2, ctx=80, vocab=64)
+    for dtype in (np.float32, np.float64):
+        x, y = _batch(np.random.default_rng(0), 3, 80, cfg.vocab)
+        a = Model(cfg, seed=4, dtype=dtype)
+        b = Model(cfg, seed=4, dtype=dtype, attention="recompute")
+        la, ga = a.loss_and_grad(x, y)
+        lb, gb = b.loss_and_grad(x, y)
+        assert la == lb and np.array_equal(a.grad_flat, b.grad_flat)
+        assert np.array_equal(a.logits(x), b.logits(x))
+        wa, wb = a._cached_ws(3, 80), b._cached_ws(3, 80)
+        import numba
+        nt = max(1, numba.config.NUMBA_NUM_THREADS)
+        probs = 2 * 3 * cfg.n_head * 80 * 80 * a.dtype.itemsize
+        assert wa.nbytes() - wb.nbytes() == probs - wb.pscr.nbytes
+        for ws, att in ((wa, "store"), (wb, "recompute")):
+            assert ws.nbytes() == workspace_bytes(cfg, 3, 80, 2, a.dtype.itemsize, nt, attention=att)
+    est = {att: estimate(cfg, TrainConfig(mode="bp", attention=att), 3, 80, 1)["activations"]
+           for att in ("store", "recompute")}
+    assert est["store"] > est["recompute"]
+    with pytest.raises(ConfigError, match="attention must be one of store, recompute"):
+        Model(cfg, attention="flash")
+    with pytest.raises(ConfigError, match="attention must be one of"):
+        TrainConfig(attention="")
+
+
 def test_gradient_independent_of_thread_count():
     """The model passes its group size to the kernels as their block count (row blocks of GEMMs,
     per-block LayerNorm sums): 1 and 2 threads must agree to rounding."""

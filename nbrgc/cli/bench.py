@@ -31,6 +31,9 @@ def build_parser():
     p.add_argument("--stage-groups", default=None,
                    help="rgc-async stage-group sweep, ':'-separated: auto:2,1,1,1:1,1,1,1 "
                         "(overrides --stage-threads)")
+    p.add_argument("--attention", default="store",
+                   help="nbrgc modes: store | recompute the attention probabilities for the backward, "
+                        "or both side by side: store,recompute")
     p.add_argument("--stage-workers", default="auto",
                    help="rgc-async worker threads the stages share, or a sweep: auto,2,4 (auto: one "
                         "per stage, or one per core when --threads is below the stage count)")
@@ -95,6 +98,7 @@ def _main(argv):
         config=a.config, modes=modes, threads=threads, repeats=a.repeats, warmup_steps=a.warmup_steps,
         steps=a.steps, batch=a.batch, seq=a.seq, n_stages=n_stages, stage_groups=groups,
         stage_workers=bench.parse_stage_workers(a.stage_workers),
+        attention=bench.parse_attention(a.attention),
         max_staleness=a.max_staleness, dataset=a.dataset, data_dir=a.data_dir, seed=a.seed,
         gemm_peak=a.gemm_peak, gemm_shape=_gemm_shape(a.gemm_shape) if a.gemm_shape else None,
         timeout=a.timeout, log=log,

@@ -22,6 +22,10 @@ def build_parser():
     g.add_argument("--mode", default="bp", help="bp | rgc-sync | rgc-async")
     g.add_argument("--n-stages", type=int, default=4, help="RGC stages (must divide n_layer)")
     g.add_argument("--stage-threads", default="auto", help="rgc-async thread groups: auto or 1,1,1,1")
+    g.add_argument("--attention", default="store",
+                   help="store | recompute: keep each block's attention probabilities for the "
+                        "backward, or recompute them there (same results, less memory, a few "
+                        "percent slower)")
     g.add_argument("--stage-workers", type=workers, default=0,
                    help="rgc-async: worker threads the stages share (stage k on worker k mod W; "
                         "memory grows with W). auto: one per stage, or one per core when the thread "
@@ -96,7 +100,7 @@ def parse(argv=None):
                      weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=eval_every,
                      eval_batches=a.eval_batches, log_every=a.log_every, seed=a.seed,
                      threads=a.threads, n_stages=a.n_stages if a.mode != "bp" else 1,
-                     stage_threads=a.stage_threads, stage_workers=a.stage_workers,
+                     stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,
                      max_staleness=a.max_staleness, on_nan=a.on_nan,
                      keep=a.keep, ckpt_every=a.ckpt_every)
     tc.validate_for(mcfg)

@@ -4,8 +4,15 @@ One (batch, head) pair per ``prange`` iteration; each runs its small GEMMs singl
 views of ``qkv`` (no head transposes are materialised). Queries are taken in blocks of ``QB`` rows,
 and each block only meets the keys at or before its last row, which skips most of the masked upper
 triangle (62% of the dense work at T = 256). Softmax subtracts the row maximum and only visits the
-causal prefix; the masked entries inside a block are exact zeros. The probabilities are kept for the
-backward, which consumes them.
+causal prefix; the masked entries inside a block are exact zeros.
+
+Two ways to get the probabilities to the backward:
+
+* ``attention_fwd`` keeps them (B, H, T, T) and ``attention_bwd`` consumes them: the fastest, and at
+  T = 256 the largest activation of a block (40% of a paper block's memory; it grows with T^2).
+* ``attention_fwd_lean`` keeps nothing but the output, and ``attention_bwd_lean`` recomputes each
+  query block's probabilities with the same calls on the same shapes, so the gradients are the same
+  to the last bit; the cost is the score product and the softmax once more.
 """
 import numpy as np
 from numba import njit, prange
@@ -89,10 +96,84 @@ def attention_fwd(qkv, B, T, H, probs, y):
         yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
         for i0 in range(0, T, qb):
             i1 = min(T, i0 + qb)
-            Pb = P[i0:i1, 0:i1]
-            gemm(False, True, scale, q[i0:i1], k[0:i1], 0.0, Pb)
-            _softmax_causal(P, i0, i1)
-            gemm(False, False, 1.0, Pb, v[0:i1], 0.0, yh[i0:i1])
+            _scores(q, k, P, i0, i1, scale)
+            gemm(False, False, 1.0, P[i0:i1, 0:i1], v[0:i1], 0.0, yh[i0:i1])
+
+
+@njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
+def _scores(q, k, P, i0, i1, scale):
+    """Query block i0..i1-1's causal probabilities into P[i0:i1, 0:i1]."""
+    gemm(False, True, scale, q[i0:i1], k[0:i1], 0.0, P[i0:i1, 0:i1])
+    _softmax_causal(P, i0, i1)
+
+
+@njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
+def _head_bwd(q, k, v, dq, dk, dv, dyh, P, G, T, hd, scale, qb, recompute):
+    """One head's backward, query block by query block; P holds the probabilities (or, with
+    ``recompute``, is scratch they are recomputed into) and is overwritten by the score gradients."""
+    for i0 in range(0, T, qb):
+        i1 = min(T, i0 + qb)
+        if recompute:
+            _scores(q, k, P, i0, i1, scale)
+        Pb = P[i0:i1, 0:i1]
+        Gb = G[i0:i1, 0:i1]
+        beta = 0.0 if i0 == 0 else 1.0  # dk, dv gather over query blocks
+        # keys i0..i1-1 are first met by this block: the accumulating products below read
+        # them, so clear them (the beta=0 call clears 0..i1-1 on the first block)
+        if i0 > 0:
+            for i in range(i0, i1):
+                for j in range(hd):
+                    dk[i, j] = 0.0
+                    dv[i, j] = 0.0
+        gemm(False, True, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
+        gemm(True, False, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
+        _softmax_causal_bwd(P, G, i0, i1)
+        gemm(False, False, scale, Pb, k[0:i1], 0.0, dq[i0:i1])
+        gemm(True, False, scale, Pb, q[i0:i1], beta, dk[0:i1])
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
+def attention_fwd_lean(qkv, B, T, H, scratch, y):
+    """qkv (B*T, 3d) -> y (B*T, d), keeping no probabilities: ``scratch`` (>= 1, T, T) gives each
+    parallel chunk a buffer for one head's. Same arithmetic as :func:`attention_fwd`."""
+    d = qkv.shape[1] // 3
+    hd = d // H
+    scale = 1.0 / np.sqrt(hd)
+    qb = _qblock(T)
+    nb = max(1, min(scratch.shape[0], B * H))
+    step = (B * H + nb - 1) // nb
+    for blk in prange(nb):
+        P = scratch[blk]
+        for bh in range(blk * step, min(B * H, (blk + 1) * step)):
+            b = bh // H
+            h = bh % H
+            q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
+            yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
+            for i0 in range(0, T, qb):
+                i1 = min(T, i0 + qb)
+                _scores(q, k, P, i0, i1, scale)
+                gemm(False, False, 1.0, P[i0:i1, 0:i1], v[0:i1], 0.0, yh[i0:i1])
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
+def attention_bwd_lean(dy, qkv, B, T, H, pscratch, scratch, dqkv):
+    """:func:`attention_bwd` after :func:`attention_fwd_lean`: recomputes the probabilities.
+    ``pscratch`` and ``scratch`` (>= 1, T, T): a probabilities and a score-gradient buffer per
+    parallel chunk."""
+    d = qkv.shape[1] // 3
+    hd = d // H
+    scale = 1.0 / np.sqrt(hd)
+    qb = _qblock(T)
+    nb = max(1, min(pscratch.shape[0], scratch.shape[0], B * H))
+    step = (B * H + nb - 1) // nb
+    for blk in prange(nb):
+        for bh in range(blk * step, min(B * H, (blk + 1) * step)):
+            b = bh // H
+            h = bh % H
+            q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
+            dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
+            dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
+            _head_bwd(q, k, v, dq, dk, dv, dyh, pscratch[blk], scratch[blk], T, hd, scale, qb, True)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
@@ -113,21 +194,4 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
             q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
             dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
             dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-            P = probs[b, h]
-            for i0 in range(0, T, qb):
-                i1 = min(T, i0 + qb)
-                Pb = P[i0:i1, 0:i1]
-                Gb = G[i0:i1, 0:i1]
-                beta = 0.0 if i0 == 0 else 1.0  # dk, dv gather over query blocks
-                # keys i0..i1-1 are first met by this block: the accumulating products below read
-                # them, so clear them (the beta=0 call clears 0..i1-1 on the first block)
-                if i0 > 0:
-                    for i in range(i0, i1):
-                        for j in range(hd):
-                            dk[i, j] = 0.0
-                            dv[i, j] = 0.0
-                gemm(False, True, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
-                gemm(True, False, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
-                _softmax_causal_bwd(P, G, i0, i1)
-                gemm(False, False, scale, Pb, k[0:i1], 0.0, dq[i0:i1])
-                gemm(True, False, scale, Pb, q[i0:i1], beta, dk[0:i1])
+            _head_bwd(q, k, v, dq, dk, dv, dyh, probs[b, h], G, T, hd, scale, qb, False)

@@ -7,10 +7,12 @@ GIL between kernels.
 What is kept per block for the backward: the block input, both LayerNorm statistics, qkv, the attention
 probabilities, the attention output, the mid-block residual and the MLP pre-activation. LayerNorm
 outputs and the GELU output are recomputed (one cheap elementwise pass each) instead of stored.
+With ``probs`` of size 0 (``attention="recompute"``) the probabilities are not kept either: the
+backward recomputes them, one head at a time, into ``pscr``.
 """
 from numba import njit, prange
 
-from .attention import attention_bwd, attention_fwd
+from .attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
 from .gemm import linear_bwd, linear_fwd, matmul
 from .layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
 from .loss import xent_fwd, xent_fwd_bwd
@@ -38,15 +40,20 @@ def _mat(P, o, r, c):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre, ln, g, nt):
+def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre, ln, g, nt,
+               pscr):
     """res[0] is the input of block ``lo``; fills res[1..hi-lo] and the saved activations."""
     d = res.shape[2]
+    keep = probs.shape[1] > 0
     for l in range(lo, hi):
         i = l - lo
         o = offs[l]
         layernorm_fwd(res[i], _vec(P, o[0], d), _vec(P, o[1], d), ln, m1[i], r1[i])
         linear_fwd(ln, _mat(P, o[2], d, 3 * d), _vec(P, o[3], 3 * d), qkv[i], nt)
-        attention_fwd(qkv[i], B, T, H, probs[i], atty[i])
+        if keep:
+            attention_fwd(qkv[i], B, T, H, probs[i], atty[i])
+        else:
+            attention_fwd_lean(qkv[i], B, T, H, pscr, atty[i])
         _copy_add_bias(res[i], _vec(P, o[5], d), x2[i])
         matmul(atty[i], _mat(P, o[4], d, d), x2[i], 1.0, nt)
         layernorm_fwd(x2[i], _vec(P, o[6], d), _vec(P, o[7], d), ln, m2[i], r2[i])
@@ -58,7 +65,7 @@ def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre,
-               ln, g, datt, dqkv, dP, partial, dcur, nt, plan, dg, dln, dln2):
+               ln, g, datt, dqkv, dP, partial, dcur, nt, plan, dg, dln, dln2, pscr):
     """``dcur`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of block lo).
 
     ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
@@ -71,6 +78,7 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
     by then).
     """
     d = res.shape[2]
+    keep = probs.shape[1] > 0
     for l in range(hi - 1, lo - 1, -1):
         i = l - lo
         o = offs[l]
@@ -87,7 +95,10 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
         # attention: x2 = x + attn(ln1(x)) @ wo + bo
         linear_bwd(atty[i], _mat(P, o[4], d, d), dcur, datt, _mat(G, o[4], d, d),
                    _vec(G, o[5], d), nt, 0.0, plan[4], plan[5])
-        attention_bwd(datt, qkv[i], B, T, H, probs[i], dP, dqkv)
+        if keep:
+            attention_bwd(datt, qkv[i], B, T, H, probs[i], dP, dqkv)
+        else:
+            attention_bwd_lean(datt, qkv[i], B, T, H, pscr, dP, dqkv)
         layernorm_apply(res[i], _vec(P, o[0], d), _vec(P, o[1], d), m1[i], r1[i], ln)
         linear_bwd(ln, _mat(P, o[2], d, 3 * d), dqkv, dln, _mat(G, o[2], d, 3 * d),
                    _vec(G, o[3], 3 * d), nt, 0.0, plan[6], plan[7])
