@@ -493,7 +493,7 @@ def markdown(report):
         lines.append(
             f"| {r['threads']} | {r['label']} | {groups} | {_fmt(tps['median'])} ({_fmt(tps['min'])}–"
             f"{_fmt(tps['max'])}) | {_fmt(r['ms_per_step']['median'], 1)} | "
-            f"{_fmt(rss and rss['max'])} | {_fmt((r.get('gflops') or {}).get('median'), 2)} | "
+            f"{_fmt(rss and rss['median'])} | {_fmt((r.get('gflops') or {}).get('median'), 2)} | "
             + (f"{100 * r['fraction_of_gemm_peak']:.0f}%" if r.get("fraction_of_gemm_peak") else "–")
             + " | "
             + (f"{ratio['median']:.3f}× ({ratio['min']:.3f}–{ratio['max']:.3f})" if ratio else
@@ -507,7 +507,8 @@ def markdown(report):
             lines.append(f"GEMM peak at {M}×{K}×{N} fp32, {t} thread(s): nbrgc Numba path "
                          f"{g['numba_gflops']:.1f} GFLOP/s, np.dot {g['npdot_gflops']:.1f} GFLOP/s.")
     lines.append("Tokens/s: timed steps only (after warm-up, pipeline fill and drain included); peak "
-                 "RSS: the worker process's ru_maxrss from the OS (MiB, max over rounds).")
+                 "RSS: the worker process's ru_maxrss from the OS (MiB, median over rounds: a run "
+                 "that had to compile kernels first peaks higher, and the JSON keeps every run's).")
     for r in report["summary"]:
         if r.get("stage_busy_frac"):
             lines.append(f"{r['label']} at {r['threads']} thread(s), stage busy (share of each stage "
