@@ -28,3 +28,10 @@ OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=1048576 bin/nbrgc-bench --config pape
 # 6. BP against the PyTorch peer alone on small, more rounds (the ratio the performance target names)
 bin/nbrgc-bench --config small --modes bp,torch --threads 2 --repeats 9 --warmup-steps 3 --steps 20 \
     --out $out/small-bp-torch.json | tee $out/small-bp-torch.md
+# 7. attention probabilities kept (default) or recomputed in the backward, side by side
+bin/nbrgc-bench --config paper --modes bp,rgc-async --attention store,recompute --threads 2 --repeats 2 \
+    --warmup-steps 2 --steps 5 --out $out/paper-attention.json | tee $out/paper-attention.md
+bin/nbrgc-bench --config small --modes bp,rgc-async --attention store,recompute --threads 2 --repeats 4 \
+    --warmup-steps 3 --steps 15 --out $out/small-attention.json | tee $out/small-attention.md
+python3 -m nbrgc.profile --config paper --threads 2 --repeats 2 --attention recompute \
+    | tee $out/profile-paper-recompute.md
