@@ -29,7 +29,9 @@ REPORT_FILE = "study.json"
 CURVES_FILE = "curves.png"
 BASE = "bp"
 METHODS = ("bp", "rgc-sync", "rgc-async")
-_NOT_IN_KEY = ("log_every", "keep", "ckpt_every")  # fields that cannot change a run's result
+# fields that cannot change a run's result (the worker count and the attention memory mode give the
+# same bits, tested): a study continued with other values reuses its finished runs
+_NOT_IN_KEY = ("log_every", "keep", "ckpt_every", "stage_workers", "attention")
 
 
 class StudyInterrupted(NbrgcError):
@@ -75,6 +77,7 @@ def train_config(method, seed, base):
     if method == BASE:
         d["n_stages"] = 1
         d["stage_threads"] = "auto"
+        d["stage_workers"] = 0
     return TrainConfig(**d)
 
 
@@ -159,7 +162,7 @@ class Study:
     def __init__(self, dataset="default", config="small", methods=("bp", "rgc-async"), seeds=(0, 1),
                  steps=None, tokens=None, margin=0.01, out=None, batch=None, seq=0, lr=1e-3,
                  warmup=None, eval_every=None, eval_batches=8, n_stages=None, stage_threads="auto",
-                 max_staleness=1, threads=0, data_dir=None, model_overrides=None, conf=0.95,
+                 stage_workers=0, attention="store", max_staleness=1, threads=0, data_dir=None, model_overrides=None, conf=0.95,
                  n_boot=10000, delete_checkpoints=False, log=None, verbose=False, dataset_obj=None):
         from .bench import default_n_stages
         from .config import PRESET_BATCH, preset
@@ -201,7 +204,8 @@ class Study:
                             warmup=warmup if warmup is not None else max(0, steps // 20),
                             eval_every=eval_every, eval_batches=eval_batches, threads=threads,
                             n_stages=n_stages or default_n_stages(self.mcfg.n_layer),
-                            stage_threads=stage_threads, max_staleness=max_staleness, keep=1,
+                            stage_threads=stage_threads, stage_workers=stage_workers,
+                            attention=attention, max_staleness=max_staleness, keep=1,
                             ckpt_every=0, log_every=max(1, min(10, steps)))
         self.tcs = {m: train_config(m, self.seeds[0], self.base_tc) for m in self.methods}
         for tc in self.tcs.values():

@@ -442,6 +442,7 @@ def test_memory_bound_is_printed_and_enforced():
     (["--mode", "rgc-async", "--n-stages", "2", "--stage-threads", "1,1,1"], "3 groups for 2 stages"),
     (["--mode", "rgc-async", "--n-stages", "2", "--stage-threads", "0,1"], "must be >= 1"),
     (["--mode", "rgc-async", "--n-stages", "2", "--stage-threads", "1000,1000"], "far beyond"),
+    (["--attention", "flash"], "attention must be one of store, recompute, got 'flash'"),
     (["--mode", "rgc-async", "--n-stages", "2", "--stage-workers", "0"], "auto or a positive integer"),
     (["--mode", "rgc-async", "--n-stages", "2", "--stage-workers", "3"], "must be <= n_stages (2)"),
     (["--mode", "rgc-async", "--n-stages", "2", "--stage-workers", "1", "--stage-threads", "2,1"],

@@ -102,6 +102,8 @@ def test_run_key_covers_what_changes_a_result():
            study.run_id(k(lr=2e-3))}
     assert len(ids) == 5
     assert study.run_id(k(log_every=3, keep=2)) == study.run_id(k())  # cosmetic fields
+    # the worker count and the attention memory mode give the same bits: a finished run is reused
+    assert study.run_id(k(stage_workers=1, attention="recompute")) == study.run_id(k())
     assert k()["budget"] == {"steps": 10, "tokens": 10 * 4 * 16}
     assert study.run_id(k()).startswith("rgc-async-s0-")
 

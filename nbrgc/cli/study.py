@@ -9,7 +9,7 @@ Example: nbrgc-study --dataset ../shared/data/enwik6 --config small --methods bp
 import argparse
 import sys
 
-from . import OneLineParser, finite_number, run_main
+from . import OneLineParser, finite_number, run_main, workers
 
 
 def build_parser():
@@ -38,6 +38,11 @@ def build_parser():
     p.add_argument("--n-stages", type=int, default=None, help="RGC stages (default 4 or the largest "
                    "divisor of n_layer below it)")
     p.add_argument("--stage-threads", default="auto", help="rgc-async thread groups")
+    p.add_argument("--stage-workers", type=workers, default=0,
+                   help="rgc-async worker threads the stages share (auto: one per stage, or one per "
+                        "core when --threads is below the stage count)")
+    p.add_argument("--attention", default="store",
+                   help="store | recompute the attention probabilities for the backward")
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="thread budget (0: all cores)")
     p.add_argument("--out", required=True, help="study folder: runs/, study.json, curves.png")
@@ -73,6 +78,7 @@ def _main(argv):
                      tokens=a.tokens, margin=a.margin, out=a.out, batch=a.batch, seq=a.seq, lr=a.lr,
                      warmup=a.warmup, eval_every=a.eval_every, eval_batches=a.eval_batches,
                      n_stages=a.n_stages, stage_threads=a.stage_threads,
+                     stage_workers=a.stage_workers, attention=a.attention,
                      max_staleness=a.max_staleness, threads=a.threads, data_dir=a.data_dir,
                      model_overrides=dict(n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head,
                                           ctx=a.ctx),
