@@ -297,23 +297,33 @@ def attention_case(draw):
 
 
 @SETTINGS
-@given(attention_case(), st.integers(1, 4), seeds(), st.data())
-def test_attention_grad_vs_finite_differences(case, n_scratch, seed, data):
+@given(attention_case(), st.integers(1, 4), st.booleans(), seeds(), st.data())
+def test_attention_grad_vs_finite_differences(case, n_scratch, lean, seed, data):
+    """Both pairs: probabilities kept for the backward, or (``lean``) recomputed there."""
     B, T, H, hd = case
     d = H * hd
     qkv = data.draw(float64_arrays((B * T, 3 * d), scale=2.0))
     R = _normal(seed, B * T, d)
 
+    def fwd(qkv, probs, y):
+        if lean:
+            attention_fwd_lean(qkv, B, T, H, np.full((n_scratch, T, T), np.nan), y)
+        else:
+            attention_fwd(qkv, B, T, H, probs, y)
+
     def f(qkv):
         y = np.empty((B * T, d))
-        attention_fwd(qkv, B, T, H, np.empty((B, H, T, T)), y)
+        fwd(qkv, np.empty((B, H, T, T)), y)
         return float((R * y).sum())
 
     probs, y = np.full((B, H, T, T), np.nan), np.full((B * T, d), np.nan)
-    attention_fwd(qkv, B, T, H, probs, y)
+    fwd(qkv, probs, y)
     dqkv = np.full((B * T, 3 * d), np.nan)  # fully overwritten
     scratch = np.full((n_scratch, T, T), np.nan)
-    attention_bwd(R, qkv, B, T, H, probs, scratch, dqkv)
+    if lean:
+        attention_bwd_lean(R, qkv, B, T, H, np.full((n_scratch, T, T), np.nan), scratch, dqkv)
+    else:
+        attention_bwd(R, qkv, B, T, H, probs, scratch, dqkv)
     check_grad(f, [qkv], [dqkv], seed=seed)
 
 
@@ -333,26 +343,6 @@ def test_attention_forward_vs_numpy(case, data):
     np.testing.assert_allclose(probs.sum(axis=-1), 1.0, rtol=1e-12)
     if T == 1:  # a single position attends only to itself: y = v
         np.testing.assert_allclose(y, qkv[:, 2 * d:], rtol=1e-12, atol=1e-12)
-
-
-@SETTINGS
-@given(attention_case(), st.integers(1, 4), seeds(), st.data())
-def test_attention_recompute_grad_vs_finite_differences(case, n_scratch, seed, data):
-    """The lean pair (no probabilities kept, recomputed in the backward) on its own."""
-    B, T, H, hd = case
-    d = H * hd
-    qkv = data.draw(float64_arrays((B * T, 3 * d), scale=2.0))
-    R = _normal(seed, B * T, d)
-
-    def f(qkv):
-        y = np.empty((B * T, d))
-        attention_fwd_lean(qkv, B, T, H, np.empty((n_scratch, T, T)), y)
-        return float((R * y).sum())
-
-    dqkv = np.full((B * T, 3 * d), np.nan)
-    attention_bwd_lean(R, qkv, B, T, H, np.full((n_scratch, T, T), np.nan),
-                       np.full((n_scratch, T, T), np.nan), dqkv)
-    check_grad(f, [qkv], [dqkv], seed=seed)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -81,25 +81,6 @@ def _softmax_causal_bwd(P, dP, i0, i1):
             prow[j] = prow[j] * (grow[j] - s)
 
 
-@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def attention_fwd(qkv, B, T, H, probs, y):
-    """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
-    d = qkv.shape[1] // 3
-    hd = d // H
-    scale = 1.0 / np.sqrt(hd)
-    qb = _qblock(T)
-    for bh in prange(B * H):
-        b = bh // H
-        h = bh % H
-        q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
-        P = probs[b, h]
-        yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-        for i0 in range(0, T, qb):
-            i1 = min(T, i0 + qb)
-            _scores(q, k, P, i0, i1, scale)
-            gemm(False, False, 1.0, P[i0:i1, 0:i1], v[0:i1], 0.0, yh[i0:i1])
-
-
 @njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def _scores(q, k, P, i0, i1, scale):
     """Query block i0..i1-1's causal probabilities into P[i0:i1, 0:i1]."""
@@ -133,21 +114,21 @@ def _head_bwd(q, k, v, dq, dk, dv, dyh, P, G, T, hd, scale, qb, recompute):
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def attention_fwd_lean(qkv, B, T, H, scratch, y):
-    """qkv (B*T, 3d) -> y (B*T, d), keeping no probabilities: ``scratch`` (>= 1, T, T) gives each
-    parallel chunk a buffer for one head's. Same arithmetic as :func:`attention_fwd`."""
+def _fwd_heads(qkv, B, T, H, probs, pscratch, y, keep):
+    """Every (batch, head): probabilities into probs[b, h] (``keep``) or into the calling chunk's
+    pscratch[blk], then y. The arithmetic of a head does not depend on which buffer it uses."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
     qb = _qblock(T)
-    nb = max(1, min(scratch.shape[0], B * H))
+    nb = B * H if keep else max(1, min(pscratch.shape[0], B * H))
     step = (B * H + nb - 1) // nb
     for blk in prange(nb):
-        P = scratch[blk]
         for bh in range(blk * step, min(B * H, (blk + 1) * step)):
             b = bh // H
             h = bh % H
             q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
+            P = probs[b, h] if keep else pscratch[blk]
             yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
             for i0 in range(0, T, qb):
                 i1 = min(T, i0 + qb)
@@ -156,42 +137,51 @@ def attention_fwd_lean(qkv, B, T, H, scratch, y):
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def attention_bwd_lean(dy, qkv, B, T, H, pscratch, scratch, dqkv):
-    """:func:`attention_bwd` after :func:`attention_fwd_lean`: recomputes the probabilities.
-    ``pscratch`` and ``scratch`` (>= 1, T, T): a probabilities and a score-gradient buffer per
-    parallel chunk."""
-    d = qkv.shape[1] // 3
-    hd = d // H
-    scale = 1.0 / np.sqrt(hd)
-    qb = _qblock(T)
-    nb = max(1, min(pscratch.shape[0], scratch.shape[0], B * H))
-    step = (B * H + nb - 1) // nb
-    for blk in prange(nb):
-        for bh in range(blk * step, min(B * H, (blk + 1) * step)):
-            b = bh // H
-            h = bh % H
-            q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
-            dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
-            dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-            _head_bwd(q, k, v, dq, dk, dv, dyh, pscratch[blk], scratch[blk], T, hd, scale, qb, True)
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
-    """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is consumed (overwritten by the score
-    gradients); ``scratch`` (>= 1, T, T) gives each parallel chunk its own dP buffer."""
+def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv, keep):
+    """Every (batch, head)'s backward on its chunk's score-gradient buffer scratch[blk], with the
+    kept probabilities or (not ``keep``) recomputing them into pscratch[blk]."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
     qb = _qblock(T)
     nb = max(1, min(scratch.shape[0], B * H))
+    if not keep:
+        nb = max(1, min(nb, pscratch.shape[0]))
     step = (B * H + nb - 1) // nb
     for blk in prange(nb):
-        G = scratch[blk]
         for bh in range(blk * step, min(B * H, (blk + 1) * step)):
             b = bh // H
             h = bh % H
             q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
             dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
             dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-            _head_bwd(q, k, v, dq, dk, dv, dyh, probs[b, h], G, T, hd, scale, qb, False)
+            P = probs[b, h] if keep else pscratch[blk]
+            _head_bwd(q, k, v, dq, dk, dv, dyh, P, scratch[blk], T, hd, scale, qb, not keep)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def attention_fwd(qkv, B, T, H, probs, y):
+    """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
+    _fwd_heads(qkv, B, T, H, probs, probs[0], y, True)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
+    """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is consumed (overwritten by the score
+    gradients); ``scratch`` (>= 1, T, T) gives each parallel chunk its own dP buffer."""
+    _bwd_heads(dy, qkv, B, T, H, probs, scratch, scratch, dqkv, True)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def attention_fwd_lean(qkv, B, T, H, scratch, y):
+    """qkv (B*T, 3d) -> y (B*T, d), keeping no probabilities: ``scratch`` (>= 1, T, T) gives each
+    parallel chunk a buffer for one head's. Same arithmetic as :func:`attention_fwd`."""
+    _fwd_heads(qkv, B, T, H, np.empty((0, 0, 0, 0), y.dtype), scratch, y, False)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def attention_bwd_lean(dy, qkv, B, T, H, pscratch, scratch, dqkv):
+    """:func:`attention_bwd` after :func:`attention_fwd_lean`: recomputes the probabilities.
+    ``pscratch`` and ``scratch`` (>= 1, T, T): a probabilities and a score-gradient buffer per
+    parallel chunk."""
+    _bwd_heads(dy, qkv, B, T, H, np.empty((0, 0, 0, 0), dy.dtype), pscratch, scratch, dqkv, False)
