@@ -35,3 +35,9 @@ bin/nbrgc-bench --config small --modes bp,rgc-async --attention store,recompute 
     --warmup-steps 3 --steps 15 --out $out/small-attention.json | tee $out/small-attention.md
 python3 -m nbrgc.profile --config paper --threads 2 --repeats 2 --attention recompute \
     | tee $out/profile-paper-recompute.md
+# 8. the ceiling for single-thread stage workers: 2 BP processes at 1 thread each, at once, against
+#    one BP process at 2 threads
+python3 benchmarks/concurrency_ceiling.py --config small --threads 2 --repeats 5 \
+    --out $out/small-ceiling.json > $out/small-ceiling.md
+python3 benchmarks/concurrency_ceiling.py --config paper --threads 2 --repeats 3 --warmup-steps 2 \
+    --steps 6 --out $out/paper-ceiling.json > $out/paper-ceiling.md
