@@ -192,13 +192,15 @@ def resolve_stage_workers(tc, budget):
     runs its stages one after another, reusing one set of activation buffers: a stage's activations
     die when its step ends (no gradient crosses a stage boundary), so memory grows with the stages
     in flight, not with K. ``auto``: one worker per stage when the thread budget (or an explicit
-    per-stage group list) allows it, else one single-thread worker per core of the budget."""
+    per-stage group list) allows it, else the most workers the budget allows that take equal shares
+    of the stages (a divisor of K: 4 stages on 3 cores run on 2 workers, since 3 workers would leave
+    two of them waiting half of each step for the one with two stages)."""
     K = tc.n_stages
     if tc.stage_workers:
         return min(tc.stage_workers, K)
     if parse_stage_threads(tc.stage_threads, K) is not None:
         return K
-    return max(1, min(K, budget))
+    return max(w for w in range(1, max(1, min(K, budget)) + 1) if K % w == 0)
 
 
 def worker_groups(groups, n_workers):

@@ -156,6 +156,9 @@ def test_rgc_async_stage_workers_auto_and_memory():
     tc = lambda **k: TrainConfig(mode="rgc-async", n_stages=4, **k)  # noqa: E731
     assert resolve_stage_workers(tc(), budget=2) == 2       # one single-thread worker per core
     assert resolve_stage_workers(tc(), budget=8) == 4       # one per stage
+    assert resolve_stage_workers(tc(), budget=3) == 2       # equal shares: not 2 + 1 + 1 stages
+    assert resolve_stage_workers(TrainConfig(mode="rgc-async", n_stages=6), budget=5) == 3
+    assert resolve_stage_workers(TrainConfig(mode="rgc-async", n_stages=3), budget=2) == 1
     assert resolve_stage_workers(tc(stage_threads="1,1,1,1"), budget=2) == 4  # pinned per stage
     assert resolve_stage_workers(tc(stage_workers=3), budget=2) == 3
     # memory: the activations scale with the workers, not with the stages

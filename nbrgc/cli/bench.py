@@ -36,7 +36,8 @@ def build_parser():
                         "or both side by side: store,recompute")
     p.add_argument("--stage-workers", default="auto",
                    help="rgc-async worker threads the stages share, or a sweep: auto,2,4 (auto: one "
-                        "per stage, or one per core when --threads is below the stage count)")
+                        "per stage, or the most with equal shares of the stages when --threads is below "
+                        "the stage count)")
     p.add_argument("--max-staleness", type=int, default=1, help="rgc-async staleness bound")
     p.add_argument("--dataset", default="default", help="data the batches come from (default: the "
                    "bundled corpus; contents do not affect speed)")

@@ -39,8 +39,8 @@ def build_parser():
                    "divisor of n_layer below it)")
     p.add_argument("--stage-threads", default="auto", help="rgc-async thread groups")
     p.add_argument("--stage-workers", type=workers, default=0,
-                   help="rgc-async worker threads the stages share (auto: one per stage, or one per "
-                        "core when --threads is below the stage count)")
+                   help="rgc-async worker threads the stages share (auto: one per stage, or the "
+                        "most with equal shares of the stages when --threads is below the stage count)")
     p.add_argument("--attention", default="store",
                    help="store | recompute the attention probabilities for the backward")
     p.add_argument("--max-staleness", type=int, default=1)

@@ -28,8 +28,8 @@ def build_parser():
                         "percent slower)")
     g.add_argument("--stage-workers", type=workers, default=0,
                    help="rgc-async: worker threads the stages share (stage k on worker k mod W; "
-                        "memory grows with W). auto: one per stage, or one per core when the thread "
-                        "budget is below n_stages")
+                        "memory grows with W). auto: one per stage, or, when the thread budget is "
+                        "below n_stages, the most workers with equal shares of the stages")
     g.add_argument("--max-staleness", type=int, default=1, help="rgc-async: steps a stage may run ahead")
     g = p.add_argument_group("budget (the first given wins: --time, --tokens, --steps)")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
