@@ -223,6 +223,10 @@ class Trainer:
             bar = tqdm(total=tc.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
                        disable=None)
         train_time, timed_tokens, last_eval, last_ckpt = 0.0, 0, None, None
+        if start >= tc.steps:  # e.g. killed after its final checkpoint, before it could exit
+            last_ckpt = getattr(self, "_restored", None)
+            self.info(f"the run already reached step {start} of {tc.steps}: nothing to train "
+                      f"(final checkpoint {last_ckpt})")
         step, done = start, start
         seg_t0 = time.perf_counter()
         first_timed = start + 1  # the first step of a process loads kernels: not throughput
@@ -300,7 +304,7 @@ class Trainer:
                           else f"stopped at step {step} (no --out: nothing saved)"))
         finally:
             self._restore_signals(handlers)
-        if last_eval is None and step > start:
+        if last_eval is None and (step > start or start >= tc.steps):
             last_eval = self._evaluate(model, held_out, stages, eval_ws, step, t_start)
         wall = time.perf_counter() - t_start
         summary = {"summary": True, "mode": tc.mode, "steps": step,
@@ -371,6 +375,7 @@ class Trainer:
         scheme.load_state(arrays, meta)
         batches.set_state(meta["batches"])
         self.info(f"resumed from {path} (step {meta['step']})")
+        self._restored = path
         return int(meta["step"])
 
     # ------------------------------------------------------------------ signals

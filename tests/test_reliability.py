@@ -261,14 +261,33 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(tmp_path):
         rc, stdout, stderr = Proc(*KILL_ARGS, "--out", out, "--resume").wait()
         assert rc == 0, stderr
         got = steps_of(records(stdout))
-        assert min(got) == before + 1 and max(got) == KILL_STEPS
-        same_losses(got, want)
+        if before == KILL_STEPS:  # the last kill landed after the final checkpoint, before the exit
+            assert not got and "nothing to train" in stderr, stderr
+        else:
+            assert min(got) == before + 1 and max(got) == KILL_STEPS
+            same_losses(got, want)
     final, meta = ck.load(ck.checkpoint_path(out, KILL_STEPS))
     ref_final, ref_meta = ck.load(ck.checkpoint_path(tmp_path / "ref", KILL_STEPS))
     for name in ("params", "adam_m", "adam_v"):
         assert np.array_equal(final[name], ref_final[name]), name
     assert meta["batches"] == ref_meta["batches"]
     assert not [n for n in os.listdir(out) if n.startswith(".ckpt-")], os.listdir(out)
+
+
+def test_resume_of_a_finished_run_trains_nothing_and_reports_it(tmp_path):
+    """What a process killed after its final checkpoint (before it could exit) leaves behind: the
+    resume trains nothing, says so, and still reports the final checkpoint and its evaluation."""
+    out = tmp_path / "run"
+    first = cli("--steps", 4, "--ckpt-every", 2, "--eval-every", 1000, "--out", out, "--json")
+    assert first.returncode == 0, first.stderr
+    again = cli("--steps", 4, "--ckpt-every", 2, "--eval-every", 1000, "--out", out, "--json",
+                "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to train" in again.stderr and not steps_of(records(again.stdout))
+    summary = records(again.stdout)[-1]
+    assert summary["summary"] and summary["tokens"] == 0 and summary["steps"] == 4
+    assert summary["checkpoint"] == str(ck.checkpoint_path(out, 4))
+    assert summary["val_bpb"] == records(first.stdout)[-1]["val_bpb"]
 
 
 # --------------------------------------------------------------------------- divergence

@@ -258,7 +258,7 @@ class Injected(RuntimeError):
     pass
 
 
-def _faulty_run(text, k0, t0, S, cfg, K, exc_type=Injected):
+def _faulty_run(text, k0, t0, S, cfg, K, exc_type=Injected, W=0):
     when = {}
 
     def hook(k, t):
@@ -268,7 +268,7 @@ def _faulty_run(text, k0, t0, S, cfg, K, exc_type=Injected):
 
     with pytest.raises(StageError) as ei:
         run("rgc-async", text, cfg=cfg, steps=t0 + 4, batch=2, lr=1e-3, warmup=0, n_stages=K,
-            max_staleness=S, fault_hook=hook)
+            max_staleness=S, fault_hook=hook, stage_workers=W)
     caught = time.monotonic()
     err = ei.value
     assert "t" in when, "the hook never fired"
@@ -284,10 +284,11 @@ def test_fault_in_any_stage_raises_stage_error_promptly(text):
     for i in range(50):
         K, cfg = (4, TINY4) if i % 2 else (2, TINY)
         k0, t0, S = int(rng.integers(K)), int(rng.integers(0, 6)), int(rng.integers(0, 3))
+        W = int(rng.integers(0, K + 1))  # 0: auto; else stages share W worker threads
         try:
-            _faulty_run(text, k0, t0, S, cfg, K)
+            _faulty_run(text, k0, t0, S, cfg, K, W=W)
         except AssertionError as exc:
-            raise AssertionError(f"case {i}: stage {k0}, step {t0}, S={S}, K={K}: {exc}") from None
+            raise AssertionError(f"case {i}: stage {k0}, step {t0}, S={S}, K={K}, W={W}: {exc}") from None
 
 
 def test_fault_with_a_library_error_still_names_the_stage(text):
