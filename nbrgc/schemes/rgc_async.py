@@ -1,8 +1,8 @@
 """Asynchronous RGC: Python worker threads running nogil Numba code, each with its own thread group,
 stage k on micro-batch t while stage k+1 works on t-1.
 
-Workers: stage k runs on worker k mod W (``stage_workers``; by default one per stage, or one per core
-when the thread budget is smaller than K). A worker runs its stages' steps in (step, stage) order and
+Workers: stage k runs on worker k mod W (``stage_workers``; by default one per stage, or, when the
+thread budget is smaller than K, the most workers with equal shares of the stages). A worker runs its stages' steps in (step, stage) order and
 reuses one workspace for them: no gradient crosses a stage boundary, so a stage's activations are
 dead once its step ends, and memory grows with W, not with K. Every wait below is on a step that
 comes earlier in (step, stage) order, so any W from 1 to K runs without deadlock, and since no
@@ -300,7 +300,7 @@ class RGCAsync(SchemeBase):
 
     # ------------------------------------------------------------------ the stage loop
     def _worker(self, w):
-        k = w
+        k = w  # the stage a failure is reported against (the one running, once one runs)
         try:
             set_threads(self.groups[w])
             mine = self.worker_stages(w)
