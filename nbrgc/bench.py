@@ -347,18 +347,13 @@ def default_n_stages(n_layer, want=4):
 
 def parse_stage_workers(text):
     """``"auto,2,4"`` -> [0, 2, 4] (0: auto), for the --stage-workers sweep."""
+    from .config import parse_stage_workers as one
     out = []
     for p in [p.strip() for p in str(text).split(",") if p.strip()] or ["auto"]:
-        if p.lower() == "auto":
-            out.append(0)
-            continue
         try:
-            w = int(p)
-        except ValueError:
-            w = 0
-        if w < 1:
-            raise ConfigError(f"--stage-workers entries must be auto or positive integers, got {p!r}")
-        out.append(w)
+            out.append(one(p))
+        except ConfigError as exc:
+            raise ConfigError(f"--stage-workers entries {exc}") from None
     if len(set(out)) != len(out):
         raise ConfigError(f"--stage-workers lists a value twice: {text!r}")
     return out
@@ -460,7 +455,6 @@ def aggregate(records, flops=None, gemm=None, base=BASE):
                                       for k in range(len(profs[0]))]
         g, W = row["stage_threads"], row["stage_workers"] or len(row["stage_threads"] or [])
         oversub = g and sum(g[:W]) > t  # stage w runs on worker w: the first W groups are the workers'
-
         row["oversubscribed"] = bool(oversub)
         rows.append(row)
     return rows
@@ -558,7 +552,8 @@ def plot(report, path):
 # ---------------------------------------------------------------------------------------------- the bench
 def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,), repeats=3,
               warmup_steps=3, steps=20, batch=None, seq=0, n_stages=None, stage_groups=("auto",),
-              stage_workers=(0,), max_staleness=1, attention=("store",), dataset="default", data_dir=None, seed=0, gemm_peak=False,
+              stage_workers=(0,), max_staleness=1, attention=("store",), dataset="default",
+              data_dir=None, seed=0, gemm_peak=False,
               gemm_shape=None, timeout=None, model_overrides=None, log=None):
     """Run the benchmark and return the report dict (``settings``, ``machine``, ``runs`` with every
     raw figure, ``summary`` rows, ``gemm_peak``, ``notes``)."""

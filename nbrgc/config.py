@@ -115,7 +115,8 @@ class TrainConfig:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name, lo in (("steps", 1), ("batch", 1), ("seq", 0), ("warmup", 0), ("eval_every", 0),
                          ("eval_batches", 1), ("log_every", 1), ("seed", 0), ("threads", 0),
-                         ("n_stages", 1), ("stage_workers", 0), ("max_staleness", 0), ("keep", 1), ("ckpt_every", 0)):
+                         ("n_stages", 1), ("stage_workers", 0), ("max_staleness", 0), ("keep", 1),
+                         ("ckpt_every", 0)):
             object.__setattr__(self, name, _int(name, getattr(self, name), lo))
         object.__setattr__(self, "lr", _float("lr", self.lr, 0.0, lo_open=True))
         object.__setattr__(self, "min_lr_frac", _float("min_lr_frac", self.min_lr_frac, 0.0, 1.0))
@@ -187,6 +188,20 @@ def parse_stage_threads(spec, n_stages):
     return groups
 
 
+def parse_stage_workers(text):
+    """``"auto"`` -> 0, ``"3"`` -> 3: a stage-worker count (a positive integer, or auto)."""
+    s = str(text).strip()
+    if s.lower() == "auto":
+        return 0
+    try:
+        value = int(s)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"must be auto or a positive integer, got {text!r}")
+    return value
+
+
 def resolve_stage_workers(tc, budget):
     """How many worker threads run rgc-async's stages. Stage k runs on worker k mod W, and a worker
     runs its stages one after another, reusing one set of activation buffers: a stage's activations
@@ -207,9 +222,10 @@ def worker_groups(groups, n_workers):
     """Per-stage thread groups -> per-worker groups; the stages a worker runs must agree."""
     out = []
     for w in range(n_workers):
-        mine = sorted({groups[k] for k in range(w, len(groups), n_workers)})
+        stages = range(w, len(groups), n_workers)
+        mine = sorted({groups[k] for k in stages})
         if len(mine) != 1:
-            raise ConfigError(f"stage_threads gives stages {', '.join(map(str, range(w, len(groups), n_workers)))}"
-                              f" (all on worker {w} of {n_workers}) different groups {mine}")
+            raise ConfigError(f"stage_threads gives stages {', '.join(map(str, stages))} (all on worker "
+                              f"{w} of {n_workers}) different groups {mine}")
         out.append(mine[0])
     return out

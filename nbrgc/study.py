@@ -162,7 +162,8 @@ class Study:
     def __init__(self, dataset="default", config="small", methods=("bp", "rgc-async"), seeds=(0, 1),
                  steps=None, tokens=None, margin=0.01, out=None, batch=None, seq=0, lr=1e-3,
                  warmup=None, eval_every=None, eval_batches=8, n_stages=None, stage_threads="auto",
-                 stage_workers=0, attention="store", max_staleness=1, threads=0, data_dir=None, model_overrides=None, conf=0.95,
+                 stage_workers=0, attention="store", max_staleness=1, threads=0, data_dir=None,
+                 model_overrides=None, conf=0.95,
                  n_boot=10000, delete_checkpoints=False, log=None, verbose=False, dataset_obj=None):
         from .bench import default_n_stages
         from .config import PRESET_BATCH, preset

@@ -207,9 +207,9 @@ class Trainer:
             self.fault_hook.bind(model, [model.layout.block_range(lo, hi) for lo, hi in stages])
         batches = Batches(self.data.train, tc.batch, self.seq, seed=tc.seed)
         held_out = eval_batches(self.data.val, tc.batch, self.seq, tc.eval_batches, seed=tc.seed + 1)
-        start = 0
+        start, restored = 0, None
         if self.resume and self.out is not None:
-            start = self._restore(model, scheme, batches)
+            start, restored = self._restore(model, scheme, batches)
         if tc.mode == "rgc-async":
             scheme.tune(tc.batch, self.seq)
             self.info(f"stage thread groups: {scheme.groups} (budget {budget}) on {scheme.W} worker(s) "
@@ -224,7 +224,7 @@ class Trainer:
                        disable=None)
         train_time, timed_tokens, last_eval, last_ckpt = 0.0, 0, None, None
         if start >= tc.steps:  # e.g. killed after its final checkpoint, before it could exit
-            last_ckpt = getattr(self, "_restored", None)
+            last_ckpt = restored
             self.info(f"the run already reached step {start} of {tc.steps}: nothing to train "
                       f"(final checkpoint {last_ckpt})")
         step, done = start, start
@@ -369,14 +369,13 @@ class Trainer:
         found = ckpt.latest(self.out, expect=expect, log=self.info)
         if found is None:
             self.info(f"no checkpoint in {self.out}: starting from step 0")
-            return 0
+            return 0, None
         path, arrays, meta = found
         model.flat[...] = arrays["params"]
         scheme.load_state(arrays, meta)
         batches.set_state(meta["batches"])
         self.info(f"resumed from {path} (step {meta['step']})")
-        self._restored = path
-        return int(meta["step"])
+        return int(meta["step"]), path
 
     # ------------------------------------------------------------------ signals
     def _install_signals(self):

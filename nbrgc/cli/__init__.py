@@ -34,15 +34,11 @@ def integer(text):
 
 def workers(text):
     """argparse type for --stage-workers: ``auto`` (0) or a positive integer."""
-    if str(text).strip().lower() == "auto":
-        return 0
+    from ..config import parse_stage_workers
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto or a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be auto or a positive integer, got {text!r}")
-    return value
+        return parse_stage_workers(text)
+    except NbrgcError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_main(fn, argv=None):

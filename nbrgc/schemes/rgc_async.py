@@ -2,11 +2,12 @@
 stage k on micro-batch t while stage k+1 works on t-1.
 
 Workers: stage k runs on worker k mod W (``stage_workers``; by default one per stage, or, when the
-thread budget is smaller than K, the most workers with equal shares of the stages). A worker runs its stages' steps in (step, stage) order and
-reuses one workspace for them: no gradient crosses a stage boundary, so a stage's activations are
-dead once its step ends, and memory grows with W, not with K. Every wait below is on a step that
-comes earlier in (step, stage) order, so any W from 1 to K runs without deadlock, and since no
-result depends on timing, W changes only speed and memory, never a bit of the losses.
+thread budget is smaller than K, the most workers with equal shares of the stages). A worker runs
+its stages' steps in (step, stage) order and reuses one workspace for them: no gradient crosses a
+stage boundary, so a stage's activations are dead once its step ends, and memory grows with W, not
+with K. Every wait below is on a step that comes earlier in (step, stage) order, so any W from 1 to
+K runs without deadlock, and since no result depends on timing, W changes only speed and memory,
+never a bit of the losses.
 
 Hand-offs and bounds (all buffers preallocated once, sized by the staleness bound S):
 
