@@ -21,7 +21,7 @@ from .kernels.blocks import _copy_add_bias, decoder_fwd_bwd
 from .kernels.embedding import embedding_bwd, embedding_fwd
 from .kernels.gemm import linear_bwd, linear_fwd, matmul
 from .kernels.layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
-from .kernels.mlp import bias_gelu_fwd, gelu_slope, slope_colsum
+from .kernels.mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
 
 
 class Timer:
@@ -78,13 +78,13 @@ def profiled_loss_and_grad(model, x, y, timer):
     dcur = ws.dcur
     for i in range(L - 1, -1, -1):
         o = offs[i]
-        timer("gelu recompute + derivative", gelu_slope, ws.pre[i], ws.g)
+        timer("gelu recompute", gelu_fwd, ws.pre[i], ws.g)
         timer("mlp-down gemm bwd", linear_bwd, ws.g, mat(P, o[10], 4 * d, d), dcur, ws.dg,
               mat(G, o[10], 4 * d, d), vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
-        timer("gelu bwd + mlp-up bias grad", slope_colsum, ws.dg, ws.pre[i], vec(G, o[9], 4 * d), nt)
+        timer("gelu bwd", gelu_bwd, ws.pre[i], ws.dg)
         timer("layernorm recompute", layernorm_apply, ws.x2[i], vec(P, o[6], d), vec(P, o[7], d), ws.m2[i], ws.r2[i], ws.ln)
         timer("mlp-up gemm bwd", linear_bwd, ws.ln, mat(P, o[8], d, 4 * d), ws.dg, ws.dln2,
-              mat(G, o[8], d, 4 * d), vec(G, o[9], 0), nt, 0.0, plan[2], plan[3])
+              mat(G, o[8], d, 4 * d), vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
         timer("layernorm bwd", layernorm_bwd, ws.dln2, ws.x2[i], vec(P, o[6], d), ws.m2[i], ws.r2[i], dcur,
               vec(G, o[6], d), vec(G, o[7], d), ws.partial, nt, 1.0)
         timer("attn-out gemm bwd", linear_bwd, ws.atty[i], mat(P, o[4], d, d), dcur, ws.datt,

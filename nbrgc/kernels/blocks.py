@@ -6,8 +6,7 @@ GIL between kernels.
 
 What is kept per block for the backward: the block input, both LayerNorm statistics, qkv, the attention
 probabilities, the attention output, the mid-block residual and the MLP pre-activation. LayerNorm
-outputs and the GELU output are recomputed (one cheap elementwise pass each) instead of stored; the
-pass that recomputes the GELU also turns the pre-activation into the GELU derivative, in place.
+outputs and the GELU output are recomputed (one cheap elementwise pass each) instead of stored.
 With ``probs`` of size 0 (``attention="recompute"``) the probabilities are not kept either: the
 backward recomputes them, one head at a time, into ``pscr``.
 """
@@ -17,7 +16,7 @@ from .attention import attention_bwd, attention_bwd_lean, attention_fwd, attenti
 from .gemm import linear_bwd, linear_fwd, matmul
 from .layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
 from .loss import xent_fwd, xent_fwd_bwd
-from .mlp import bias_gelu_fwd, gelu_slope, slope_colsum
+from .mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
 
 BLOCK_PARAMS = ("ln1.w", "ln1.b", "attn.wqkv", "attn.bqkv", "attn.wo", "attn.bo",
                 "ln2.w", "ln2.b", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2")
@@ -72,9 +71,8 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
     ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
     MLP-down, MLP-up, attention-output and qkv products, then the head's. Parameter gradients are
     accumulated (+=) into ``G`` at the same offsets as in ``P``. Consumes the saved attention
-    probabilities and MLP pre-activations (a second backward needs a new forward). No product
-    writes its data gradient over its own input, so the weight and data gradients may run side by
-    side (plan value TASKS): the
+    probabilities (a second backward needs a new forward). No product writes its data gradient over
+    its own input, so the weight and data gradients may run side by side (plan value TASKS): the
     GELU gradient goes to ``dg`` (N, 4d), the LN2-output gradient to ``dln2`` (N, d; a view of the
     GELU buffer ``g``, dead by then) and the LN1-output gradient to ``dln`` (a view of ``dg``, dead
     by then).
@@ -85,13 +83,13 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
         i = l - lo
         o = offs[l]
         # MLP: out = x2 + gelu(ln2(x2) @ w1 + b1) @ w2 + b2
-        gelu_slope(pre[i], g)  # pre[i] now holds gelu'(pre)
+        gelu_fwd(pre[i], g)
         linear_bwd(g, _mat(P, o[10], 4 * d, d), dcur, dg, _mat(G, o[10], 4 * d, d),
                    _vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
-        slope_colsum(dg, pre[i], _vec(G, o[9], 4 * d), nt)
+        gelu_bwd(pre[i], dg)
         layernorm_apply(x2[i], _vec(P, o[6], d), _vec(P, o[7], d), m2[i], r2[i], ln)
         linear_bwd(ln, _mat(P, o[8], d, 4 * d), dg, dln2, _mat(G, o[8], d, 4 * d),
-                   _vec(G, o[9], 0), nt, 0.0, plan[2], plan[3])
+                   _vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
         layernorm_bwd(dln2, x2[i], _vec(P, o[6], d), m2[i], r2[i], dcur, _vec(G, o[6], d),
                       _vec(G, o[7], d), partial, nt, 1.0)
         # attention: x2 = x + attn(ln1(x)) @ wo + bo

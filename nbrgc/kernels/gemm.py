@@ -187,7 +187,7 @@ def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
             e = min(K, s + sw)
             if s < e:
                 gemm(True, False, 1.0, X[:, s:e], dY, 1.0, dW[s:e])
-            if t == 0 and db.shape[0] > 0:
+            if t == 0:
                 _colsum_cols(dY, db, 0, M)
         else:
             s = (t - nw) * sx
@@ -198,8 +198,7 @@ def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta, split_w=0, split_x=0):
-    """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX; a ``db`` of length 0 means the
-    caller forms the bias gradient itself (see :func:`nbrgc.kernels.mlp.slope_colsum`).
+    """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX.
 
     ``split_w``/``split_x`` say how each product is cut over the group (0 rows, 1 columns), or
     ``split_w == TASKS`` runs the two products side by side (:func:`_bwd_tasks`; dX must not alias
@@ -208,6 +207,5 @@ def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta, split_w=0, split_x=0):
         _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta)
         return
     matmul_tn(X, dY, dW, 1.0, nt, 1 if split_w == 1 else 0)
-    if db.shape[0] > 0:
-        colsum_acc(dY, db, nt)
+    colsum_acc(dY, db, nt)
     matmul_nt(dY, W, dX, dx_beta, nt, split_x)

@@ -1,11 +1,5 @@
 """Bias + GELU (tanh approximation), fused; the backward recomputes the activation instead of storing it.
 
-The backward evaluates the sigmoid once per element: :func:`gelu_slope` recomputes the activation
-(the input of the MLP-down weight gradient) and, in the same pass, overwrites the kept pre-activation
-with the GELU derivative, which is all the backward still needs of it. Once the MLP-down data gradient
-exists, :func:`slope_colsum` multiplies it by that derivative and forms the MLP-up bias gradient in
-one pass over it (its read by the bias column sum was a pass of its own).
-
 0.5 x (1 + tanh(u)) is evaluated as x * sigmoid(2u), the same function, with the vectorisable
 :func:`~nbrgc.kernels.fastmath.fexp` (libm's tanh and exp are scalar calls). The argument is clamped
 where sigmoid is already 0 or 1 to the last bit.
@@ -45,40 +39,24 @@ def bias_gelu_fwd(pre, b, out):
 
 
 @njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
-def gelu_slope(pre, out):
-    """out = gelu(pre), then pre <- gelu'(pre) in place (the pre-activation is consumed)."""
+def gelu_fwd(pre, out):
     N, M = pre.shape
     for i in prange(N):
         p = pre[i]
         o = out[i]
         for j in range(M):
             x = p[j]
+            o[j] = x * _sig2u(x)
+
+
+@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
+def gelu_bwd(pre, dg):
+    """dg <- dg * gelu'(pre), in place."""
+    N, M = pre.shape
+    for i in prange(N):
+        p = pre[i]
+        g = dg[i]
+        for j in range(M):
+            x = p[j]
             s = _sig2u(x)
-            o[j] = x * s
-            p[j] = s + x * s * (_ONE - s) * _C2 * (_ONE + _A3 * x * x)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")  # no contraction: db sums the stored dg exactly
-def _slope_colsum_cols(dg, slope, db, s, e):
-    """Columns s..e-1: dg *= slope, db += column sums of the result, rows in order (the same bits
-    however the columns are cut). Views indexed from 0 so the inner loop vectorises."""
-    acc = db[s:e]
-    for r in range(dg.shape[0]):
-        row = dg[r, s:e]
-        srow = slope[r, s:e]
-        for j in range(e - s):
-            v = row[j] * srow[j]
-            row[j] = v
-            acc[j] += v
-
-
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
-def slope_colsum(dg, slope, db, nt):
-    """dg <- dg * slope (the gradient through GELU), db += column sums of it; split over column
-    blocks, so there are no write races and every thread count gives the same bits."""
-    M = dg.shape[1]
-    nb = max(1, min(nt, M // 16))
-    step = (M + nb - 1) // nb
-    for i in prange(nb):
-        s = i * step
-        _slope_colsum_cols(dg, slope, db, s, min(M, s + step))
+            g[j] *= s + x * s * (_ONE - s) * _C2 * (_ONE + _A3 * x * x)
