@@ -366,16 +366,22 @@ def test_attention_recompute_is_bitwise_the_stored_path(dtype, B, T, H, hd):
         assert np.array_equal(got, want), n_scratch
 
 
-def test_attention_backward_consumes_probs_and_uses_any_scratch_count():
-    B, T, H, hd = 2, 5, 3, 2
+@pytest.mark.parametrize("T", [5, 130])
+def test_attention_backward_leaves_probs_alone_and_uses_any_scratch_count(T):
+    """The backward only reads the kept probabilities (bit for bit unchanged, so a second backward
+    gives the same gradients), for one query block and several, with any number of scratch
+    buffers."""
+    B, H, hd = 2, 3, 2
     d = H * hd
     qkv, dy = _normal(0, B * T, 3 * d), _normal(1, B * T, d)
+    probs, y = np.empty((B, H, T, T)), np.empty((B * T, d))
+    attention_fwd(qkv, B, T, H, probs, y)
+    kept = probs.copy()
     out = []
     for n_scratch in (1, 2, 6, 9):
-        probs, y = np.empty((B, H, T, T)), np.empty((B * T, d))
-        attention_fwd(qkv, B, T, H, probs, y)
-        dqkv = np.empty((B * T, 3 * d))
-        attention_bwd(dy, qkv, B, T, H, probs, np.zeros((n_scratch, T, T)), dqkv)
+        dqkv = np.full((B * T, 3 * d), np.nan)
+        attention_bwd(dy, qkv, B, T, H, probs, np.full((n_scratch, T, T), np.nan), dqkv)
+        assert np.array_equal(probs, kept, equal_nan=True)  # unwritten entries may be NaN
         out.append(dqkv)
     for o in out[1:]:
         np.testing.assert_array_equal(o, out[0])

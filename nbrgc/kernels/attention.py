@@ -8,8 +8,11 @@ causal prefix; the masked entries inside a block are exact zeros.
 
 Two ways to get the probabilities to the backward:
 
-* ``attention_fwd`` keeps them (B, H, T, T) and ``attention_bwd`` consumes them: the fastest, and at
+* ``attention_fwd`` keeps them (B, H, T, T) and ``attention_bwd`` reads them: the fastest, and at
   T = 256 the largest activation of a block (40% of a paper block's memory; it grows with T^2).
+  The backward only reads them: the score gradients go to a small per-chunk buffer that stays in
+  cache, so the kept probabilities are never dirtied and never written back to memory (they were
+  overwritten in place before: 16 MiB per paper layer of write-back).
 * ``attention_fwd_lean`` keeps nothing but the output, and ``attention_bwd_lean`` recomputes each
   query block's probabilities with the same calls on the same shapes, so the gradients are the same
   to the last bit; the cost is the score product and the softmax once more.
@@ -68,8 +71,9 @@ def _softmax_causal(P, i0, i1):
 
 @njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def _softmax_causal_bwd(P, dP, i0, i1):
-    """P <- dS = P * (dP - sum_j dP*P) over rows i0..i1-1, keys 0..i1-1. Masked entries of P are
-    exact zeros and stay zero, so the loops run over the whole block width (see _softmax_causal)."""
+    """dP <- dS = P * (dP - sum_j dP*P) over rows i0..i1-1, keys 0..i1-1 (P is only read). Masked
+    entries of P are exact zeros, so they give zeros and the loops run over the whole block width
+    (see _softmax_causal)."""
     w = i1
     for i in range(i0, i1):
         prow = P[i]
@@ -78,7 +82,7 @@ def _softmax_causal_bwd(P, dP, i0, i1):
         for j in range(w):
             s += grow[j] * prow[j]
         for j in range(w):
-            prow[j] = prow[j] * (grow[j] - s)
+            grow[j] = prow[j] * (grow[j] - s)
 
 
 @njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
@@ -91,7 +95,8 @@ def _scores(q, k, P, i0, i1, scale):
 @njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def _head_bwd(q, k, v, dq, dk, dv, dyh, P, G, T, hd, scale, qb, recompute):
     """One head's backward, query block by query block; P holds the probabilities (or, with
-    ``recompute``, is scratch they are recomputed into) and is overwritten by the score gradients."""
+    ``recompute``, is scratch they are recomputed into) and is only read; G takes the
+    probability gradients, then the score gradients."""
     for i0 in range(0, T, qb):
         i1 = min(T, i0 + qb)
         if recompute:
@@ -109,8 +114,8 @@ def _head_bwd(q, k, v, dq, dk, dv, dyh, P, G, T, hd, scale, qb, recompute):
         gemm(False, True, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
         gemm(True, False, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
         _softmax_causal_bwd(P, G, i0, i1)
-        gemm(False, False, scale, Pb, k[0:i1], 0.0, dq[i0:i1])
-        gemm(True, False, scale, Pb, q[i0:i1], beta, dk[0:i1])
+        gemm(False, False, scale, Gb, k[0:i1], 0.0, dq[i0:i1])
+        gemm(True, False, scale, Gb, q[i0:i1], beta, dk[0:i1])
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
@@ -167,8 +172,9 @@ def attention_fwd(qkv, B, T, H, probs, y):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
-    """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is consumed (overwritten by the score
-    gradients); ``scratch`` (>= 1, T, T) gives each parallel chunk its own dP buffer."""
+    """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is only read (a second backward of
+    the same forward gives the same result); ``scratch`` (>= 1, T, T) gives each parallel chunk its
+    own buffer for the score gradients."""
     _bwd_heads(dy, qkv, B, T, H, probs, scratch, scratch, dqkv, True)
 
 

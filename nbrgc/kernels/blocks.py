@@ -70,12 +70,12 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m
 
     ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
     MLP-down, MLP-up, attention-output and qkv products, then the head's. Parameter gradients are
-    accumulated (+=) into ``G`` at the same offsets as in ``P``. Consumes the saved attention
-    probabilities (a second backward needs a new forward). No product writes its data gradient over
-    its own input, so the weight and data gradients may run side by side (plan value TASKS): the
-    GELU gradient goes to ``dg`` (N, 4d), the LN2-output gradient to ``dln2`` (N, d; a view of the
-    GELU buffer ``g``, dead by then) and the LN1-output gradient to ``dln`` (a view of ``dg``, dead
-    by then).
+    accumulated (+=) into ``G`` at the same offsets as in ``P``. Reads the saved activations
+    without changing them (a second backward of the same forward gives the same gradients). No
+    product writes its data gradient over its own input, so the weight and data gradients may run
+    side by side (plan value TASKS): the GELU gradient goes to ``dg`` (N, 4d), the LN2-output
+    gradient to ``dln2`` (N, d; a view of the GELU buffer ``g``, dead by then) and the LN1-output
+    gradient to ``dln`` (a view of ``dg``, dead by then).
     """
     d = res.shape[2]
     keep = probs.shape[1] > 0
