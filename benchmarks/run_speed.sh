@@ -25,9 +25,12 @@ python3 -m nbrgc.profile --config paper --threads 2 --repeats 2 | tee $out/profi
 OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=1048576 bin/nbrgc-bench --config paper --modes bp,torch \
     --threads 2 --repeats 2 --warmup-steps 2 --steps 4 --gemm-peak --out $out/paper-openblas-haswell.json \
     | tee $out/paper-openblas-haswell.md
-# 6. BP against the PyTorch peer alone on small, more rounds (the ratio the performance target names)
+# 6. BP against the PyTorch peer alone on small and paper, more rounds (the ratios the performance
+#    targets name)
 bin/nbrgc-bench --config small --modes bp,torch --threads 2 --repeats 9 --warmup-steps 3 --steps 20 \
     --out $out/small-bp-torch.json | tee $out/small-bp-torch.md
+bin/nbrgc-bench --config paper --modes bp,torch --threads 2 --repeats 5 --warmup-steps 2 --steps 6 \
+    --out $out/paper-bp-torch.json | tee $out/paper-bp-torch.md
 # 7. attention probabilities kept (default) or recomputed in the backward, side by side
 bin/nbrgc-bench --config paper --modes bp,rgc-async --attention store,recompute --threads 2 --repeats 2 \
     --warmup-steps 2 --steps 5 --out $out/paper-attention.json | tee $out/paper-attention.md
