@@ -122,6 +122,27 @@ def test_loss_and_grad_overwrites_or_accumulates():
     np.testing.assert_array_equal(model.grad_flat, fresh.grad_flat)
 
 
+@pytest.mark.parametrize("attention", ["store", "recompute"])
+def test_backward_leaves_saved_activations_alone(attention):
+    """backward_blocks only reads what forward_blocks saved: a second backward of the same forward
+    gives the same gradients to the last bit, with the probabilities kept or recomputed."""
+    cfg = ModelConfig(n_layer=2, d_model=16, n_head=2, ctx=80)  # T > one query block of 64
+    model = Model(cfg, seed=0, dtype=np.float32, attention=attention)
+    x, y = _batch(np.random.default_rng(0), 2, 80, 256)
+    ws = model.workspace(2, 80, 0, cfg.n_layer)
+    h = model.forward_blocks(model.embed(x, ws), 0, cfg.n_layer, ws)
+    _, dh = model.decoder_loss_and_grad(h, y, ws)
+    dh = dh.copy()  # backward_blocks turns its input into the input gradient, in place
+    out = []
+    for _ in range(2):
+        G = np.zeros_like(model.grad_flat)
+        dx = model.backward_blocks(dh, 0, cfg.n_layer, ws, grad_flat=G)
+        out.append((G, dx.copy()))
+    np.testing.assert_array_equal(out[1][0], out[0][0])
+    np.testing.assert_array_equal(out[1][1], out[0][1])
+    assert np.abs(out[0][0]).max() > 0
+
+
 # ------------------------------------------------------------------------------------------- causality
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
