@@ -209,6 +209,28 @@ def _gemm_worker(spec):
             "numba_times_s": t_nb, "npdot_times_s": t_np}
 
 
+def _profile_worker(spec):
+    """Per-kernel time of one BP step (:mod:`nbrgc.profile`: the production kernels replayed one call
+    at a time, the gradients bitwise those of the production path)."""
+    import numpy as np
+    from .config import ModelConfig
+    from .model import Model
+    from .profile import profile_step
+    from .threads import limit_blas, set_threads
+    cfg = ModelConfig.from_dict(spec["model"])
+    limit_blas(1)
+    nt = set_threads(int(spec["threads"]))
+    model = Model(cfg, seed=int(spec.get("seed", 0)), attention=spec.get("attention", "store"))
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab, (int(spec["batch"]), int(spec["seq"])))
+    per, wall = profile_step(model, x, np.roll(x, -1, axis=1), repeats=int(spec["repeats"]))
+    return {"kind": "profile", "threads": nt, "attention": spec.get("attention", "store"),
+            "step_s": wall, "kernels_s": per}
+
+
+_WORKERS = {"gemm": _gemm_worker, "profile": _profile_worker}
+
+
 def worker_main(argv):
     """``python -m nbrgc.bench --worker SPEC_JSON``: one JSON result line on stdout."""
     if len(argv) != 2 or argv[0] != "--worker":
@@ -217,7 +239,7 @@ def worker_main(argv):
         return 2
     spec = json.loads(argv[1])
     try:
-        res = _gemm_worker(spec) if spec.get("kind") == "gemm" else _train_worker(spec)
+        res = _WORKERS.get(spec.get("kind"), _train_worker)(spec)
     except NbrgcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
@@ -298,6 +320,8 @@ def launch(spec, timeout=None):
 def _what(spec):
     if spec.get("kind") == "gemm":
         return f"GEMM peak worker ({spec.get('threads')} threads)"
+    if spec.get("kind") == "profile":
+        return f"kernel profile worker ({spec.get('threads')} threads, {spec.get('attention')})"
     return f"worker for {spec.get('label', spec.get('mode'))} ({spec.get('threads')} threads, " \
            f"round {spec.get('round', 0) + 1})"
 
@@ -510,7 +534,24 @@ def markdown(report):
                          + ", ".join(f"{100 * b:.0f}%" for b in r["stage_busy_frac"]) + ".")
     for n in report.get("notes", []):
         lines.append(f"Note: {n}")
+    for prof in report.get("kernel_profile") or []:
+        lines += ["", *profile_table(prof)]
     return "\n".join(lines) + "\n"
+
+
+def profile_table(prof, top=12):
+    """Markdown lines for one kernel profile: the ``top`` kernels by time, the rest summed."""
+    per = prof["kernels_s"]
+    tot = sum(per.values())
+    rows = sorted(per.items(), key=lambda kv: -kv[1])
+    if len(rows) > top + 1:
+        rows = rows[:top] + [(f"{len(rows) - top} other kernels", sum(v for _, v in rows[top:]))]
+    out = [f"Per-kernel time of one BP step, {prof['threads']} thread(s), attention probabilities "
+           f"{'kept' if prof['attention'] == 'store' else 'recomputed'} (each kernel replayed and timed "
+           f"on its own, `nbrgc.profile`; step {prof['step_s'] * 1e3:.1f} ms):", "",
+           "| kernel | ms/step | share |", "|---|---:|---:|"]
+    out += [f"| {k} | {v * 1e3:.{1 if v >= 0.01 else 3}f} | {v / tot:.1%} |" for k, v in rows]
+    return out
 
 
 def plot(report, path):
@@ -554,9 +595,11 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
               warmup_steps=3, steps=20, batch=None, seq=0, n_stages=None, stage_groups=("auto",),
               stage_workers=(0,), max_staleness=1, attention=("store",), dataset="default",
               data_dir=None, seed=0, gemm_peak=False,
-              gemm_shape=None, timeout=None, model_overrides=None, log=None):
+              gemm_shape=None, timeout=None, model_overrides=None, log=None, kernel_profile=0):
     """Run the benchmark and return the report dict (``settings``, ``machine``, ``runs`` with every
-    raw figure, ``summary`` rows, ``gemm_peak``, ``notes``)."""
+    raw figure, ``summary`` rows, ``gemm_peak``, ``kernel_profile``, ``notes``). ``kernel_profile``
+    > 0 also times one BP step kernel by kernel, averaged over that many steps, in a fresh process
+    per thread count and attention setting."""
     from .config import PRESET_BATCH, TrainConfig, preset
     from .machine import describe_machine, machine_line
     from .model import Layout
@@ -566,7 +609,7 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     batch = batch if batch is not None else PRESET_BATCH.get(config, 8)
     modes = list(modes)
     for name, v, lo in (("repeats", repeats, 1), ("steps", steps, 1), ("warmup_steps", warmup_steps, 0),
-                        ("batch", batch, 1), ("seq", seq, 0)):
+                        ("batch", batch, 1), ("seq", seq, 0), ("kernel_profile", kernel_profile, 0)):
         if not isinstance(v, int) or v < lo:
             raise ConfigError(f"{name.replace('_', '-')} must be an integer >= {lo}, got {v!r}")
     threads = list(threads)
@@ -627,6 +670,13 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
         log(f"    {res['tokens_per_s']:,.0f} tokens/s, {res['ms_per_step']:.1f} ms/step, peak RSS "
             f"{res['peak_rss_mib']:.0f} MiB")
         records.append(res)
+    profiles = []
+    for t in threads if kernel_profile else ():
+        for att in attention:
+            log(f"kernel profile of a BP step, {t} thread(s), attention {att}")
+            profiles.append(launch({"kind": "profile", "model": mcfg.to_dict(), "batch": batch,
+                                    "seq": seq_eff, "threads": t, "attention": att, "seed": seed,
+                                    "repeats": kernel_profile}, timeout=timeout))
     settings = {"config": config, "model": mcfg.to_dict(), "modes": modes,
                 "variants": [v[0] for v in variants], "threads": threads, "repeats": repeats,
                 "warmup_steps": warmup_steps, "steps": steps, "batch": batch, "seq": seq_eff,
@@ -637,7 +687,8 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
                 "n_params": Layout(mcfg).size, "non_embedding_params": non_embedding_params(mcfg)}
     report = {"settings": settings, "machine": machine, "machine_line": machine_line(machine),
               "flops_formula": FLOPS_FORMULA, "flops_per_token": flops,
-              "gemm_peak": {str(t): g for t, g in gemm.items()}, "runs": records,
+              "gemm_peak": {str(t): g for t, g in gemm.items()}, "kernel_profile": profiles,
+              "runs": records,
               "summary": aggregate(records, flops, gemm), "notes": notes,
               "method": ("each run in a fresh process, rounds interleaved; timed span: after warm-up "
                          "steps and a drain, from the first timed submit to the end of drain(); "

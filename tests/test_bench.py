@@ -147,7 +147,7 @@ def test_bench_end_to_end_tiny(tmp_path):
     out = tmp_path / "bench.json"
     p = _run_bin("--config", "tiny", "--modes", "bp,rgc-async", "--threads", "1", "--repeats", "2",
                  "--warmup-steps", "1", "--steps", "3", "--n-stages", "2", "--gemm-peak",
-                 "--out", out, "--plot")
+                 "--kernel-profile", "2", "--out", out, "--plot")
     err = p.stderr.decode(errors="replace")
     assert p.returncode == 0, err
     assert "Traceback" not in err
@@ -177,6 +177,16 @@ def test_bench_end_to_end_tiny(tmp_path):
     assert g["shape"] == [64, 32, 128] and g["numba_matmul_correct"] and g["numba_gflops"] > 0
     assert rep["machine"]["threading_layer"] in ("omp", "tbb")
     assert rep["flops_formula"] == bench.FLOPS_FORMULA
+    # --kernel-profile: one BP step kernel by kernel, in its own process; the kernels are timed
+    # inside the step's wall time, so they cannot add up to more than it
+    (prof,) = rep["kernel_profile"]
+    assert prof["threads"] == 1 and prof["attention"] == "store"
+    kernels = prof["kernels_s"]
+    for name in ("embedding fwd", "qkv gemm fwd", "attention fwd", "attention bwd", "mlp-up gemm bwd",
+                 "decoder fwd+bwd (LN, head, CE)", "grad norm", "adamw"):
+        assert kernels[name] > 0, name
+    assert sum(kernels.values()) <= prof["step_s"]
+    assert "Per-kernel time of one BP step, 1 thread(s), attention probabilities kept" in text
     try:
         import matplotlib  # noqa: F401
         assert (tmp_path / "bench.png").is_file()
@@ -192,6 +202,8 @@ def test_bench_end_to_end_tiny(tmp_path):
     (["--repeats", "0"], "repeats"),
     (["--config", "huge"], "unknown config preset"),
     (["--gemm-shape", "4x4"], "--gemm-shape"),
+    (["--kernel-profile", "-1"], "kernel-profile must be an integer >= 0"),
+    (["--kernel-profile", "two"], "not an integer"),
     (["--dataset", "/nonexistent/file.txt"], ""),
 ])
 def test_bench_bad_input_is_one_line(args, needle):

@@ -7,7 +7,7 @@ Example: nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --thread
 import argparse
 import sys
 
-from . import OneLineParser, run_main
+from . import OneLineParser, integer, run_main
 
 
 def build_parser():
@@ -47,6 +47,9 @@ def build_parser():
                    help="also measure fp32 GEMM GFLOP/s (Numba path and np.dot) to state achieved/peak")
     p.add_argument("--gemm-shape", default=None, help="MxKxN for --gemm-peak (default: batch*seq x "
                    "d x 4d)")
+    p.add_argument("--kernel-profile", type=integer, default=0, metavar="STEPS",
+                   help="also time one BP step kernel by kernel (per thread count and attention "
+                        "setting), averaged over STEPS steps (default 0: off)")
     p.add_argument("--timeout", type=float, default=None, help="seconds one worker may run")
     p.add_argument("--out", default=None, help="JSON file for every raw figure + machine description")
     p.add_argument("--plot", nargs="?", const=True, default=False,
@@ -102,7 +105,7 @@ def _main(argv):
         attention=bench.parse_attention(a.attention),
         max_staleness=a.max_staleness, dataset=a.dataset, data_dir=a.data_dir, seed=a.seed,
         gemm_peak=a.gemm_peak, gemm_shape=_gemm_shape(a.gemm_shape) if a.gemm_shape else None,
-        timeout=a.timeout, log=log,
+        timeout=a.timeout, log=log, kernel_profile=a.kernel_profile,
         model_overrides=dict(n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head, ctx=a.ctx))
     if plot_path:
         if bench.plot(report, plot_path):
