@@ -230,16 +230,19 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(tmp_path):
     assert rc == 0, stderr
     want = steps_of(records(stdout))
     assert sorted(want) == list(range(1, KILL_STEPS + 1))
-    # kill anywhere from start-up to an eighth of the training into each attempt
-    lo, hi = 0.7 * ref.t_first, ref.t_first + (ref.t_total - ref.t_first) / 8
+    # kill during start-up or in the first quarter of the training, attempt by attempt in turn:
+    # start-up is most of a run's wall time, so one window over both mostly killed runs before
+    # their first checkpoint, and then no resume from a checkpoint was tested at all
+    startup = (0.7 * ref.t_first, ref.t_first)
+    training = (ref.t_first, ref.t_first + (ref.t_total - ref.t_first) / 4)
     out = tmp_path / "run"
     rnd = random.Random(6)
-    kills, finished, attempt = 0, False, 0
+    kills, finished, attempt, resumed = 0, False, 0, 0
     while not finished and kills < 10 and attempt < 40:
         found = ck.list_checkpoints(out) if out.is_dir() else []
         before = int(ck.load(found[-1])[1]["step"]) if found else 0
         proc = Proc(*KILL_ARGS, "--out", out, *(["--resume"] if attempt else []))
-        time.sleep(rnd.uniform(lo, hi))
+        time.sleep(rnd.uniform(*(training if attempt % 2 else startup)))
         if proc.p.poll() is None:
             proc.p.send_signal(signal.SIGKILL)
             kills += 1
@@ -249,6 +252,7 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(tmp_path):
         got = steps_of(records(stdout))
         if attempt and before:  # it continued from the newest complete checkpoint there was
             assert f"resumed from {found[-1]} (step {before})" in stderr or not got, stderr
+            resumed += bool(got)
         if got:
             assert min(got) == before + 1, (min(got), before)
             same_losses(got, want)
@@ -257,7 +261,9 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(tmp_path):
         attempt += 1
     assert kills >= 5, f"only {kills} kills landed in {attempt} attempts"
     if not finished:  # the last resume runs to the end
-        before = int(ck.load(ck.list_checkpoints(out)[-1])[1]["step"])
+        found = ck.list_checkpoints(out) if out.is_dir() else []
+        before = int(ck.load(found[-1])[1]["step"]) if found else 0
+        resumed += before > 0
         rc, stdout, stderr = Proc(*KILL_ARGS, "--out", out, "--resume").wait()
         assert rc == 0, stderr
         got = steps_of(records(stdout))
@@ -266,6 +272,7 @@ def test_sigkill_at_random_moments_then_resume_loses_nothing(tmp_path):
         else:
             assert min(got) == before + 1 and max(got) == KILL_STEPS
             same_losses(got, want)
+    assert resumed, "no run resumed from a checkpoint: the kills all landed before the first one"
     final, meta = ck.load(ck.checkpoint_path(out, KILL_STEPS))
     ref_final, ref_meta = ck.load(ck.checkpoint_path(tmp_path / "ref", KILL_STEPS))
     for name in ("params", "adam_m", "adam_v"):
