@@ -212,20 +212,14 @@ def _gemm_worker(spec):
 def _profile_worker(spec):
     """Per-kernel time of one BP step (:mod:`nbrgc.profile`: the production kernels replayed one call
     at a time, the gradients bitwise those of the production path)."""
-    import numpy as np
     from .config import ModelConfig
-    from .model import Model
-    from .profile import profile_step
-    from .threads import limit_blas, set_threads
-    cfg = ModelConfig.from_dict(spec["model"])
-    limit_blas(1)
-    nt = set_threads(int(spec["threads"]))
-    model = Model(cfg, seed=int(spec.get("seed", 0)), attention=spec.get("attention", "store"))
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, cfg.vocab, (int(spec["batch"]), int(spec["seq"])))
-    per, wall = profile_step(model, x, np.roll(x, -1, axis=1), repeats=int(spec["repeats"]))
-    return {"kind": "profile", "threads": nt, "attention": spec.get("attention", "store"),
-            "step_s": wall, "kernels_s": per}
+    from .profile import measure
+    attention = spec.get("attention", "store")
+    per, wall, nt = measure(ModelConfig.from_dict(spec["model"]), int(spec["batch"]),
+                            int(spec["seq"]), int(spec["threads"]), attention,
+                            int(spec["repeats"]), int(spec.get("seed", 0)))
+    return {"kind": "profile", "threads": nt, "attention": attention, "step_s": wall,
+            "kernels_s": per}
 
 
 _WORKERS = {"gemm": _gemm_worker, "profile": _profile_worker}
@@ -541,17 +535,11 @@ def markdown(report):
 
 def profile_table(prof, top=12):
     """Markdown lines for one kernel profile: the ``top`` kernels by time, the rest summed."""
-    per = prof["kernels_s"]
-    tot = sum(per.values())
-    rows = sorted(per.items(), key=lambda kv: -kv[1])
-    if len(rows) > top + 1:
-        rows = rows[:top] + [(f"{len(rows) - top} other kernels", sum(v for _, v in rows[top:]))]
-    out = [f"Per-kernel time of one BP step, {prof['threads']} thread(s), attention probabilities "
-           f"{'kept' if prof['attention'] == 'store' else 'recomputed'} (each kernel replayed and timed "
-           f"on its own, `nbrgc.profile`; step {prof['step_s'] * 1e3:.1f} ms):", "",
-           "| kernel | ms/step | share |", "|---|---:|---:|"]
-    out += [f"| {k} | {v * 1e3:.{1 if v >= 0.01 else 3}f} | {v / tot:.1%} |" for k, v in rows]
-    return out
+    from .profile import table
+    return [f"Per-kernel time of one BP step, {prof['threads']} thread(s), attention probabilities "
+            f"{'kept' if prof['attention'] == 'store' else 'recomputed'} (each kernel replayed and "
+            f"timed on its own, `nbrgc.profile`; step {prof['step_s'] * 1e3:.1f} ms):", "",
+            *table(prof["kernels_s"], top)]
 
 
 def plot(report, path):

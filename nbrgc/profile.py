@@ -124,10 +124,37 @@ def profile_step(model, x, y, lr=1e-3, repeats=3):
     return per, wall
 
 
-def main(argv=None):
-    from .config import PRESET_BATCH, preset
+def measure(cfg, batch, seq, threads, attention="store", repeats=3, seed=0):
+    """Profile one BP step of a fresh model on random bytes, with BLAS pinned to one thread and the
+    calling thread's Numba group set to ``threads``: ({kernel: seconds per step}, step wall
+    seconds, the group size actually used)."""
     from .model import Model
     from .threads import limit_blas, set_threads
+    limit_blas(1)
+    nt = set_threads(threads)
+    model = Model(cfg, seed=seed, attention=attention)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab, (batch, seq))
+    y = rng.integers(0, cfg.vocab, (batch, seq))
+    per, wall = profile_step(model, x, y, repeats=repeats)
+    return per, wall, nt
+
+
+def table(per, top=None):
+    """Markdown table of a profile, slowest first, with the total; with ``top``, the kernels after
+    the first ``top`` are summed into one row."""
+    tot = sum(per.values())
+    rows = sorted(per.items(), key=lambda kv: -kv[1])
+    if top is not None and len(rows) > top + 1:
+        rows = rows[:top] + [(f"{len(rows) - top} other kernels", sum(v for _, v in rows[top:]))]
+    out = ["| kernel | ms/step | share |", "|---|---:|---:|"]
+    out += [f"| {k} | {v * 1e3:.{1 if v >= 1e-4 else 3}f} | {v / tot:.1%} |" for k, v in rows]
+    out.append(f"| **total (timed kernels)** | {tot * 1e3:.1f} | 100% |")
+    return out
+
+
+def main(argv=None):
+    from .config import PRESET_BATCH, preset
     p = argparse.ArgumentParser(prog="python -m nbrgc.profile", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="small")
     p.add_argument("--batch", type=int, default=None)
@@ -138,24 +165,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     cfg = preset(a.config)
     B = a.batch or PRESET_BATCH[a.config]
-    limit_blas(1)
-    nt = set_threads(a.threads or numba.config.NUMBA_NUM_THREADS)
-    model = Model(cfg, seed=0, attention=a.attention)
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (B, cfg.ctx))
-    y = rng.integers(0, 256, (B, cfg.ctx))
-    per, wall = profile_step(model, x, y, repeats=a.repeats)
-    tot = sum(per.values())
-    rows = sorted(per.items(), key=lambda kv: -kv[1])
+    per, wall, nt = measure(cfg, B, cfg.ctx, a.threads or numba.config.NUMBA_NUM_THREADS,
+                            a.attention, a.repeats)
     if a.json:
         print(json.dumps({"config": a.config, "batch": B, "threads": nt, "step_s": wall, "kernels_s": per}))
         return 0
     print(f"# per-kernel time of one BP step: {a.config}, batch {B}, ctx {cfg.ctx}, {nt} threads"
           + ("" if a.attention == "store" else ", attention probabilities recomputed") + "\n")
-    print("| kernel | ms/step | share |\n|---|---:|---:|")
-    for k, v in rows:
-        print(f"| {k} | {v * 1e3:.1f} | {v / tot:.1%} |")
-    print(f"| **total (timed kernels)** | {tot * 1e3:.1f} | 100% |")
+    print("\n".join(table(per)))
     print(f"\nstep wall time {wall * 1e3:.1f} ms ({B * cfg.ctx / wall:.0f} tokens/s through this "
           "Python-driven replay)")
     return 0

@@ -8,11 +8,10 @@ causal prefix; the masked entries inside a block are exact zeros.
 
 Two ways to get the probabilities to the backward:
 
-* ``attention_fwd`` keeps them (B, H, T, T) and ``attention_bwd`` reads them: the fastest, and at
-  T = 256 the largest activation of a block (40% of a paper block's memory; it grows with T^2).
-  The backward only reads them: the score gradients go to a small per-chunk buffer that stays in
-  cache, so the kept probabilities are never dirtied and never written back to memory (they were
-  overwritten in place before: 16 MiB per paper layer of write-back).
+* ``attention_fwd`` keeps them (B, H, T, T) and ``attention_bwd`` only reads them: the fastest, and
+  at T = 256 the largest activation of a block (40% of a paper block's memory; it grows with T^2).
+  The score gradients go to a small per-chunk buffer that stays in cache rather than over the
+  probabilities, which would dirty them and cost a write-back to memory (16 MiB per paper layer).
 * ``attention_fwd_lean`` keeps nothing but the output, and ``attention_bwd_lean`` recomputes each
   query block's probabilities with the same calls on the same shapes, so the gradients are the same
   to the last bit; the cost is the score product and the softmax once more.
