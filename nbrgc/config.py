@@ -67,8 +67,10 @@ PRESETS = {
     "tiny": ModelConfig(n_layer=2, d_model=32, n_head=2, ctx=16),
     "small": ModelConfig(n_layer=8, d_model=128, n_head=4, ctx=128),
     "paper": ModelConfig(n_layer=24, d_model=256, n_head=8, ctx=256),
+    # the method paper's depth and stage size (4 stages of 6 blocks) at about small's cost per token
+    "deep": ModelConfig(n_layer=24, d_model=64, n_head=2, ctx=128),
 }
-PRESET_BATCH = {"tiny": 4, "small": 16, "paper": 8}
+PRESET_BATCH = {"tiny": 4, "small": 16, "paper": 8, "deep": 16}
 
 
 def preset(name, **overrides):
@@ -109,6 +111,8 @@ class TrainConfig:
     attention: str = "store"      # store | recompute (the attention probabilities for the backward)
     keep: int = 3
     ckpt_every: int = 0           # 0: only at eval points and at the end
+    consensus: str = "uniform"    # RGC decoder consensus: uniform | depth (stage k weighs k + 1)
+    stage_init: str = "standard"  # RGC: standard | identity (stages after the first start as identity)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -130,6 +134,10 @@ class TrainConfig:
         if self.on_nan not in ("stop", "skip"):
             raise ConfigError(f"on_nan must be stop or skip, got {self.on_nan!r}")
         check_attention(self.attention)
+        if self.consensus not in CONSENSUS:
+            raise ConfigError(f"consensus must be one of {', '.join(CONSENSUS)}, got {self.consensus!r}")
+        if self.stage_init not in STAGE_INIT:
+            raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
         if self.mode == "bp" and self.n_stages != 1:
             object.__setattr__(self, "n_stages", 1)
 
@@ -159,6 +167,8 @@ class TrainConfig:
 
 
 ATTENTION = ("store", "recompute")
+CONSENSUS = ("uniform", "depth")
+STAGE_INIT = ("standard", "identity")
 
 
 def check_attention(value):
