@@ -11,6 +11,7 @@ gets the RGC consensus: the mean over k of dL_k/d(decoder), i.e. d mean(losses) 
 """
 import threading
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -24,6 +25,7 @@ from nbrgc.model import Model
 from nbrgc.testing import check_grad, central_diff, seeds
 
 from conftest import numba_threads
+from contention import contended, run_threads
 
 
 def _model(n_layer, seed, d=8, H=2, vocab=24, ctx=6):
@@ -239,31 +241,46 @@ def test_rgc_buffer_from_threads(K, n_rounds):
     assert np.all(buf.counters == 0)
 
 
+@numba.njit(nogil=True)
+def _post_many(counters, r, K, n, plain):
+    """``n`` posts to round r the way RGCBuffer.post makes them (fetch-and-add, the completing poster
+    is the one that saw K-1), from compiled code without the GIL so that posts from several threads
+    really collide; ``plain[0]`` is a non-atomic control counter bumped beside each post."""
+    closes = 0
+    for _ in range(n):
+        if fetch_add(counters, r, 1) == K - 1:
+            closes += 1
+        plain[0] += 1
+    return closes
+
+
 def test_rgc_counter_is_atomic_under_contention():
-    """Many threads posting into one round at once: no increment is lost, and exactly one post ever
-    sees the counter at K-1 (the counter is not reset here, so it passes K-1 only once)."""
-    K, per_thread, n_threads = 4, 500, 4
+    """Threads posting into one round at once, in nogil loops: no post is lost, and exactly one post
+    ever sees the counter at K-1 (not reset here, so it passes K-1 only once), in a run whose plain
+    control counter lost increments (the posts really overlapped)."""
+    K, per_thread, n_threads = 4, 200_000, 4
     buf = RGCBuffer(K, 1, np.float64)
-    trues = []
-    lock = threading.Lock()
-    start = threading.Event()
+    plain = np.zeros(1, np.int64)
+    _post_many(np.zeros(1, np.int64), 0, K, 1, plain)  # compile outside the threads
 
-    def worker(k):
-        start.wait()
-        mine = sum(bool(buf.post(0, k)) for _ in range(per_thread))
-        with lock:
-            trues.append(mine)
+    def once():
+        buf.counters[:] = 0
+        plain[0] = 0
+        closes = np.zeros(n_threads, np.int64)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
-    for th in threads:
-        th.start()
-    start.set()
-    for th in threads:
-        th.join(timeout=60)
-    assert len(trues) == n_threads
-    assert sum(trues) == 1
-    assert buf.counters[0] == n_threads * per_thread
-    assert fetch_add(buf.counters, 0, 0) == n_threads * per_thread
+        def worker(k):
+            closes[k] = _post_many(buf.counters, 0, K, per_thread, plain)
+
+        run_threads(n_threads, worker, lambda k: (k,))
+        assert buf.counters[0] == n_threads * per_thread
+        assert closes.sum() == 1
+        return int(plain[0])
+
+    contended(once, n_threads * per_thread)
+    # and RGCBuffer.post itself counts through the same counter
+    buf.counters[:] = 0
+    assert [buf.post(0, k) for k in range(K)] == [False] * (K - 1) + [True]
+    assert fetch_add(buf.counters, 0, 0) == K
 
 
 def test_stage_sumsq():

@@ -1,0 +1,49 @@
+"""A harness that shows threads really contended: Python threads, each running one nogil compiled loop,
+released together. Each loop also bumps a plain (non-atomic) counter; lost plain increments prove the
+loops overlapped in that very run, so an exact atomic count beside them means something."""
+import os
+import threading
+
+import pytest
+
+ATTEMPTS = 5  # a run on a loaded machine may happen to run the loops one after another
+
+
+def usable_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def run_threads(n, target, args_for):
+    """Run ``target(*args_for(i))`` in n threads, released together by a barrier."""
+    barrier = threading.Barrier(n)
+
+    def body(*args):
+        barrier.wait()
+        target(*args)
+
+    ts = [threading.Thread(target=body, args=args_for(i)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+        assert not t.is_alive(), "worker thread hung"
+
+
+def contended(run_once, expected_plain):
+    """Call ``run_once()`` (it returns the plain counter's final value) until a run loses plain
+    increments, at most ATTEMPTS times; returns that run's attempt number. Skips on one core, where
+    threads never run at once; fails if several cores never produced an overlap."""
+    if usable_cores() < 2:
+        pytest.skip("one usable core: threads never run at the same time, contention cannot be produced")
+    seen = []
+    for attempt in range(ATTEMPTS):
+        plain = run_once()
+        assert 0 < plain <= expected_plain  # a plain counter may lose increments, never gain any
+        if plain < expected_plain:
+            return attempt
+        seen.append(plain)
+    pytest.fail(f"{ATTEMPTS} runs on {usable_cores()} cores never overlapped (plain counts {seen}): "
+                "the harness does not produce contention")
