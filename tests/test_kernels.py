@@ -154,24 +154,72 @@ def test_linear_forward_and_accumulation(data):
     np.testing.assert_allclose(C, dY @ W.T, rtol=1e-12, atol=1e-12)
 
 
-def test_backward_thread_splits_agree_to_the_bit():
-    """At model-like shapes, every way of cutting the backward products over a group gives the same
-    bits (each element is one BLAS dot product). Not at every shape: at 33 x 17, or a 64-row batch of
-    the tiny preset, OpenBLAS rounds some row blocks differently, which is why nbrgc.gemm_plan is a
-    fixed rule of the group size and never a timing (see test_gemm_plan_is_a_fixed_rule)."""
+GEMM_SHAPES = ((256, 64, 192), (200, 96, 24), (512, 128, 384), (64, 32, 128), (33, 17, 29))
+_U32 = 2.0 ** -24  # unit roundoff of float32
+
+
+def _gamma(k):
+    """Higham's gamma_k = k u / (1 - k u): a float32 sum of k products, in any order and with or
+    without fused multiply-adds, is within gamma_k * sum |a_i b_i| of the exact value."""
+    return k * _U32 / (1 - k * _U32)
+
+
+def _linear_bwd_case(X, W, dY, nt, sw, sx):
+    N, K = X.shape
+    M = W.shape[1]
+    dX, dW, db = np.zeros((N, K), np.float32), np.ones((K, M), np.float32), np.ones(M, np.float32)
+    linear_bwd(X, W, dY, dX, dW, db, nt, 0.0, sw, sx)
+    return dX, dW
+
+
+def test_gemm_same_cut_same_bits_and_whole_calls_at_one_and_two_threads():
+    """What holds on every BLAS kernel, by construction: the same cut of a product gives the same bits
+    (two runs, a resume), and the group sizes 1 and 2 run each backward product as one whole BLAS call
+    (nbrgc.gemm_plan: side by side at 2 threads), so they agree to the bit, odd shapes included."""
+    from nbrgc.gemm_plan import plan_for
     rng = np.random.default_rng(3)
-    for N, K, M in ((256, 64, 192), (200, 96, 24), (512, 128, 384)):
+    for N, K, M in GEMM_SHAPES:
         X, W = rng.standard_normal((N, K), np.float32), rng.standard_normal((K, M), np.float32)
         dY = rng.standard_normal((N, M), np.float32)
-        outs = []
-        for nt in (1, 2, 4):
+        one = _linear_bwd_case(X, W, dY, 1, *plan_for(1)[:2])
+        two = _linear_bwd_case(X, W, dY, 2, *plan_for(2)[:2])
+        for a, b in zip(one, two):
+            np.testing.assert_array_equal(a, b, err_msg=f"{(N, K, M)}: 1 vs 2 threads")
+        for nt in (3, 4):
+            for sw, sx in ((0, 0), (1, 1), (TASKS, 0)):
+                for a, b in zip(_linear_bwd_case(X, W, dY, nt, sw, sx),
+                                _linear_bwd_case(X, W, dY, nt, sw, sx)):
+                    np.testing.assert_array_equal(a, b, err_msg=f"{(N, K, M)} nt={nt} plan {sw},{sx}")
+        Y1, Y2 = np.empty((N, M), np.float32), np.empty((N, M), np.float32)
+        linear_fwd(X, W, np.zeros(M, np.float32), Y1, 3)
+        linear_fwd(X, W, np.zeros(M, np.float32), Y2, 3)
+        np.testing.assert_array_equal(Y1, Y2)
+
+
+def test_gemm_every_cut_within_the_float32_dot_product_bound():
+    """Different cuts of a product (rows, columns, side by side, 1-4 threads) are different BLAS calls,
+    which some kernels round differently (OpenBLAS's Haswell kernels: every cut here; its SkylakeX
+    kernels: few). Each result must still be the exact product to within float32 rounding of a
+    k-term dot product, gamma_k * sum |a_i b_i| (plus the accumulated 1 in dW: gamma_{k+1}), checked
+    against float64; a wrong block, stride or beta would be off by O(1)."""
+    rng = np.random.default_rng(3)
+    for N, K, M in GEMM_SHAPES:
+        X, W = rng.standard_normal((N, K), np.float32), rng.standard_normal((K, M), np.float32)
+        dY = rng.standard_normal((N, M), np.float32)
+        X64, W64, dY64 = X.astype(np.float64), W.astype(np.float64), dY.astype(np.float64)
+        dX_ref, dW_ref = dY64 @ W64.T, 1.0 + X64.T @ dY64
+        dX_tol = _gamma(M) * (np.abs(dY64) @ np.abs(W64.T))
+        dW_tol = _gamma(N + 1) * (1.0 + np.abs(X64.T) @ np.abs(dY64))
+        Y_ref, Y_tol = X64 @ W64, _gamma(K) * (np.abs(X64) @ np.abs(W64))
+        for nt in (1, 2, 3, 4):
             for sw, sx in ((0, 0), (1, 1), (0, 1), (TASKS, 0)):
-                dX, dW, db = np.zeros((N, K), np.float32), np.ones((K, M), np.float32), np.ones(M, np.float32)
-                linear_bwd(X, W, dY, dX, dW, db, nt, 0.0, sw, sx)
-                outs.append((dX, dW))
-        for dX, dW in outs[1:]:
-            np.testing.assert_array_equal(dX, outs[0][0])
-            np.testing.assert_array_equal(dW, outs[0][1])
+                dX, dW = _linear_bwd_case(X, W, dY, nt, sw, sx)
+                what = f"{(N, K, M)} nt={nt} plan {sw},{sx}"
+                assert np.all(np.abs(dX - dX_ref) <= dX_tol), what
+                assert np.all(np.abs(dW - dW_ref) <= dW_tol), what
+            Y = np.full((N, M), np.nan, np.float32)
+            linear_fwd(X, W, np.zeros(M, np.float32), Y, nt)
+            assert np.all(np.abs(Y - Y_ref) <= Y_tol), f"{(N, K, M)} forward nt={nt}"
 
 
 def test_gemm_plan_is_a_fixed_rule():
