@@ -1,55 +1,100 @@
-"""nbrgc-study: train BP and RGC on paired seeds (same init, same batches, same token budget),
-compare final validation bpb, and test RGC's non-inferiority at a margin (t-interval over seeds;
-paired bootstrap alongside). Runs are cached and resumable in --out: rerun the same command to
-continue an interrupted study or to re-print its table.
+"""nbrgc-study: the convergence study of bounded-horizon RGC against backprop.
 
-Example: nbrgc-study --dataset ../shared/data/enwik6 --config small --methods bp,rgc-async \\
-             --seeds 5 --tokens 2000000 --margin 0.01 --out studies/small-enwik6 --plot
+Every arm (bp and the RGC arms: rgc-sync, rgc-async with staleness 1 and 0, and the variants) first
+sweeps its learning rate on the first seed at --sweep-frac of the budget; then every arm runs every
+seed at its own best rate (lowest final validation bpb of the sweep). Paired seeds share initial
+weights and batches. The final metric is the test split's bits per byte with the full-context
+sliding window of nbrgc-eval; validation bpb on fixed held-out batches gives the curves. Per RGC arm
+the verdict is non-inferior iff the upper bound of the two-sided 95%% t-interval of the mean
+relative gap to bp over the paired seeds is below --margin. bp has converged when its validation bpb
+improved by less than 1%% over the last 20%% of its runs (reported; lengthen --tokens when it fails).
+
+Runs are child processes (--jobs at a time, --threads each), resumable from their checkpoints in
+--work; each finished run's result is a small JSON file in OUT/results/ whose key includes the
+arm's numerics fingerprint (a float64 run of a few steps, rounded to 8 digits: the same on every
+BLAS kernel, changed by any change of the math). Run the same command again, in a later session or
+a fresh clone, to continue: finished results are reused, interrupted runs resume. SIGINT/SIGTERM
+stop the runs at a checkpoint. OUT gets study.json, study.md and curves.png after every finished run.
+
+Example (the deep study, in the background):
+  nohup bin/nbrgc-study --config deep --dataset ../shared/data/enwik8-4M \\
+        --out benchmarks/studies/deep-enwik8-4M > deep-study.log 2>&1 &
 """
 import argparse
+import shlex
 import sys
 
-from . import OneLineParser, finite_number, run_main, workers
+from . import OneLineParser, finite_number, integer, run_main
+
+DEFAULT_LRS = "5e-4,1e-3,2e-3,4e-3"
 
 
 def build_parser():
     p = OneLineParser(prog="nbrgc-study", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", "--data", dest="dataset", default="default",
-                   help="enwik8 | tinystories | default | text:PATH | a file path (default: default)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--config", default="small", help="preset: tiny | small | paper (default small)")
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = p.add_argument_group("data and model")
+    d.add_argument("--dataset", "--data", dest="dataset", default="../shared/data/enwik8-4M",
+                   help="enwik8 | tinystories | default | text:PATH | a file path "
+                        "(default: ../shared/data/enwik8-4M)")
+    d.add_argument("--data-dir", default=None, help="download/cache folder (default: $NBRGC_DATA "
+                   "or ~/.cache/nbrgc)")
+    d.add_argument("--config", default="deep", help="model preset: tiny | small | paper | deep "
+                   "(default: deep)")
     for name in ("n-layer", "d-model", "n-head", "ctx"):
-        p.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
-    p.add_argument("--methods", default="bp,rgc-async", help="bp plus rgc-async and/or rgc-sync")
-    p.add_argument("--seeds", default="5", help="a count N (seeds 0..N-1) or a list 0,3,7 (default 5)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 300)")
-    p.add_argument("--tokens", type=int, default=None, help="token budget per run (wins over --steps)")
-    p.add_argument("--margin", type=finite_number, default=0.01, help="non-inferiority margin (default 0.01)")
-    p.add_argument("--conf", type=finite_number, default=0.95, help="confidence level (default 0.95)")
-    p.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (default 10000)")
-    p.add_argument("--batch", type=int, default=None, help="sequences per step (default: preset's)")
-    p.add_argument("--seq", type=int, default=0, help="sequence length (0: ctx)")
-    p.add_argument("--lr", type=finite_number, default=1e-3)
-    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 5%% of steps)")
-    p.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (and "
-                   "checkpoints; default steps/10)")
-    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
-    p.add_argument("--n-stages", type=int, default=None, help="RGC stages (default 4 or the largest "
-                   "divisor of n_layer below it)")
-    p.add_argument("--stage-threads", default="auto", help="rgc-async thread groups")
-    p.add_argument("--stage-workers", type=workers, default=0,
-                   help="rgc-async worker threads the stages share (auto: one per stage, or the "
-                        "most with equal shares of the stages when --threads is below the stage count)")
-    p.add_argument("--attention", default="store",
-                   help="store | recompute the attention probabilities for the backward")
-    p.add_argument("--max-staleness", type=int, default=1)
-    p.add_argument("--threads", type=int, default=0, help="thread budget (0: all cores)")
-    p.add_argument("--out", required=True, help="study folder: runs/, study.json, curves.png")
-    p.add_argument("--plot", action="store_true", help="learning-curve PNG (needs matplotlib)")
-    p.add_argument("--delete-checkpoints", action="store_true",
-                   help="remove a run's checkpoints once its result is written")
-    p.add_argument("--verbose", action="store_true", help="the trainer's own notes on stderr")
+        d.add_argument(f"--{name}", type=integer, default=None,
+                       help=f"override the preset's {name} (default: the preset's)")
+    s = p.add_argument_group("protocol")
+    s.add_argument("--arms", default="all", help="comma list of arms (bp is always included): bp, "
+                   "rgc-sync, rgc-async, rgc-async-s0, rgc-async-depthw, rgc-async-identity, "
+                   "rgc-async-identity-depthw (default: all)")
+    s.add_argument("--seeds", default="5", help="a count N (seeds 0..N-1) or a list 0,3,7 (default: 5)")
+    s.add_argument("--tokens", type=integer, default=5_000_000,
+                   help="training tokens per main run (default: 5000000)")
+    s.add_argument("--steps", type=integer, default=None,
+                   help="optimizer steps per main run (default: from --tokens)")
+    s.add_argument("--sweep-lrs", default=DEFAULT_LRS,
+                   help=f"learning rates of every arm's sweep, at least 3 (default: {DEFAULT_LRS})")
+    s.add_argument("--sweep-frac", type=finite_number, default=0.25,
+                   help="a sweep run's budget as a fraction of a main run's (default: 0.25)")
+    s.add_argument("--extend-sweep", type=integer, default=2,
+                   help="when an arm's best lr is at the edge of the grid, add the next grid point "
+                        "beyond it, up to this many times per arm (default: 2; 0: never)")
+    s.add_argument("--phase", default="all", choices=("sweep", "main", "all"),
+                   help="run only the sweep, only the main runs (needs a finished sweep), or both "
+                        "(default: all)")
+    s.add_argument("--margin", type=finite_number, default=0.01,
+                   help="non-inferiority margin on the relative test-bpb gap (default: 0.01)")
+    s.add_argument("--conf", type=finite_number, default=0.95,
+                   help="confidence level of the two-sided interval (default: 0.95)")
+    s.add_argument("--bootstrap", type=integer, default=10000,
+                   help="paired bootstrap resamples, reported alongside (default: 10000)")
+    t = p.add_argument_group("training")
+    t.add_argument("--batch", type=integer, default=None, help="sequences per step (default: the "
+                   "preset's, 16 for small and deep); the sequence length is the model's ctx")
+    t.add_argument("--warmup-frac", type=finite_number, default=0.05,
+                   help="linear warm-up as a fraction of each run (default: 0.05)")
+    t.add_argument("--min-lr-frac", type=finite_number, default=0.1,
+                   help="the cosine decays to this fraction of the lr (default: 0.1)")
+    t.add_argument("--eval-every", type=integer, default=None,
+                   help="steps between validation evaluations (and checkpoints) of a main run; "
+                        "sweep runs scale it by --sweep-frac (default: 1/25 of the run)")
+    t.add_argument("--eval-batches", type=integer, default=16,
+                   help="fixed held-out batches per validation evaluation (default: 16)")
+    t.add_argument("--n-stages", type=integer, default=None,
+                   help="RGC stages (default: 4, or the largest divisor of n_layer below it)")
+    t.add_argument("--test-bytes", type=integer, default=None,
+                   help="score only the first N bytes of the test split (default: all of it)")
+    r = p.add_argument_group("compute and output")
+    r.add_argument("--jobs", type=integer, default=2,
+                   help="runs at once, each a child process (default: 2; 0: one after another "
+                        "inside this process, for debugging)")
+    r.add_argument("--threads", type=integer, default=1, help="threads per run (default: 1)")
+    r.add_argument("--out", required=True,
+                   help="study folder: results/, study.json, study.md, curves.png")
+    r.add_argument("--work", default=None, help="run folders with checkpoints (default: OUT/work, "
+                   "git-ignored under benchmarks/studies/)")
+    r.add_argument("--no-plot", action="store_true", help="skip curves.png")
+    r.add_argument("--verbose", action="store_true", help="the trainer's notes in each child.log")
     return p
 
 
@@ -61,37 +106,45 @@ def _main(argv):
     from .. import study
     from ..errors import ConfigError
     from ..threads import cpu_count
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    methods = study.parse_methods(a.methods)
+    arms = study.parse_arms(a.arms)
     seeds = study.parse_seeds(a.seeds)
-    if a.steps is not None and a.steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {a.steps}")
-    if a.threads < 0 or a.threads > 4 * cpu_count():
-        raise ConfigError(f"--threads must be 0..{4 * cpu_count()}, got {a.threads}")
+    lrs = study.parse_lrs(a.sweep_lrs)
+    for name in ("tokens", "steps", "eval_every", "eval_batches", "batch", "n_stages", "threads"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if a.threads > 4 * cpu_count():
+        raise ConfigError(f"--threads must be 1..{4 * cpu_count()}, got {a.threads}")
+    if a.jobs < 0:
+        raise ConfigError(f"--jobs must be >= 0, got {a.jobs}")
+    if not 0 < a.sweep_frac <= 1:
+        raise ConfigError(f"--sweep-frac must be in (0, 1], got {a.sweep_frac}")
+    if not 0 <= a.warmup_frac < 1:
+        raise ConfigError(f"--warmup-frac must be in [0, 1), got {a.warmup_frac}")
     if not 0 < a.conf < 1:
         raise ConfigError(f"--conf must be in (0, 1), got {a.conf}")
     if a.bootstrap < 1:
         raise ConfigError(f"--bootstrap must be >= 1, got {a.bootstrap}")
-    if a.n_stages is not None and a.n_stages < 1:
-        raise ConfigError(f"--n-stages must be >= 1, got {a.n_stages}")
-    st = study.Study(dataset=a.dataset, config=a.config, methods=methods, seeds=seeds, steps=a.steps,
-                     tokens=a.tokens, margin=a.margin, out=a.out, batch=a.batch, seq=a.seq, lr=a.lr,
-                     warmup=a.warmup, eval_every=a.eval_every, eval_batches=a.eval_batches,
-                     n_stages=a.n_stages, stage_threads=a.stage_threads,
-                     stage_workers=a.stage_workers, attention=a.attention,
-                     max_staleness=a.max_staleness, threads=a.threads, data_dir=a.data_dir,
+    if a.extend_sweep < 0:
+        raise ConfigError(f"--extend-sweep must be >= 0, got {a.extend_sweep}")
+    st = study.Study(out=a.out, dataset=a.dataset, config=a.config, data_dir=a.data_dir,
                      model_overrides=dict(n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head,
                                           ctx=a.ctx),
-                     conf=a.conf, n_boot=a.bootstrap, delete_checkpoints=a.delete_checkpoints,
-                     verbose=a.verbose)
+                     arms=arms, seeds=seeds, tokens=a.tokens, steps=a.steps, sweep_lrs=lrs,
+                     sweep_frac=a.sweep_frac, extend_sweep=a.extend_sweep, margin=a.margin,
+                     conf=a.conf, n_boot=a.bootstrap, batch=a.batch, warmup_frac=a.warmup_frac,
+                     min_lr_frac=a.min_lr_frac, eval_every=a.eval_every, eval_batches=a.eval_batches,
+                     n_stages=a.n_stages, threads=a.threads, jobs=a.jobs, work=a.work, phase=a.phase,
+                     test_bytes=a.test_bytes, plot=not a.no_plot, verbose=a.verbose,
+                     command="bin/nbrgc-study " + shlex.join(argv))
     try:
         report = st.run()
     except study.StudyInterrupted as exc:
         print(f"interrupted: {exc}", file=sys.stderr)
         return 130
-    path = study.write_report(report, a.out, plot=a.plot)
     sys.stdout.write(study.markdown(report))
-    print(f"\nraw figures: {path}" + (f", plot: {report['plot']}" if report.get("plot") else ""))
     return 0
 
 

@@ -1,0 +1,89 @@
+"""The arms of a study and how each becomes a TrainConfig; parsing of the arm, seed and lr lists.
+
+ARMS is the one table of what an arm means: every arm sets all four fields that tell the schemes
+apart (mode, max_staleness, consensus, stage_init), so a later change of a TrainConfig default does
+not silently change what an arm runs.
+"""
+import math
+
+from ..errors import ConfigError
+
+BASE = "bp"
+ARMS = {
+    "bp": dict(mode="bp", max_staleness=1, consensus="uniform", stage_init="standard"),
+    "rgc-sync": dict(mode="rgc-sync", max_staleness=1, consensus="uniform", stage_init="standard"),
+    "rgc-async": dict(mode="rgc-async", max_staleness=1, consensus="uniform", stage_init="standard"),
+    "rgc-async-s0": dict(mode="rgc-async", max_staleness=0, consensus="uniform", stage_init="standard"),
+    "rgc-async-depthw": dict(mode="rgc-async", max_staleness=1, consensus="depth",
+                             stage_init="standard"),
+    "rgc-async-identity": dict(mode="rgc-async", max_staleness=1, consensus="uniform",
+                               stage_init="identity"),
+    "rgc-async-identity-depthw": dict(mode="rgc-async", max_staleness=1, consensus="depth",
+                                      stage_init="identity"),
+}
+
+
+def parse_arms(text):
+    """``"rgc-async,rgc-sync"`` -> ["bp", "rgc-async", "rgc-sync"] (bp always first); ``"all"`` or
+    None: every arm of ARMS."""
+    if text is None or str(text).strip().lower() in ("", "all"):
+        return list(ARMS)
+    arms = [a.strip().lower() for a in str(text).split(",") if a.strip()]
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        raise ConfigError(f"unknown arm {bad[0]!r} in --arms; choose from {', '.join(ARMS)} (or all)")
+    if len(set(arms)) != len(arms):
+        raise ConfigError(f"--arms lists an arm twice: {text!r}")
+    arms = [BASE] + [a for a in ARMS if a in arms and a != BASE]  # the table's order
+    if len(arms) < 2:
+        raise ConfigError("--arms needs at least one RGC arm besides bp (bp is always included)")
+    return arms
+
+
+def parse_seeds(text):
+    """``"5"`` -> [0, 1, 2, 3, 4]; ``"0,3,7"`` -> [0, 3, 7]."""
+    s = str(text).strip()
+    try:
+        if "," in s:
+            seeds = [int(v) for v in s.split(",") if v.strip()]
+        else:
+            n = int(s)
+            if n < 1:
+                raise ConfigError(f"--seeds must be >= 1, got {n}")
+            seeds = list(range(n))
+    except ValueError:
+        raise ConfigError(f"--seeds must be a count or a comma list of seeds, got {text!r}") from None
+    if not seeds or any(v < 0 for v in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds must be distinct integers >= 0, got {text!r}")
+    return seeds
+
+
+def parse_lrs(text, at_least=3):
+    """``"5e-4,1e-3,2e-3"`` -> [0.0005, 0.001, 0.002] (sorted; distinct, finite, > 0)."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        lrs = [float(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"--sweep-lrs must be a comma list of numbers, got {text!r}") from None
+    if any(not math.isfinite(v) or v <= 0 for v in lrs):
+        raise ConfigError(f"--sweep-lrs must hold finite learning rates > 0, got {text!r}")
+    if len(set(lrs)) != len(lrs):
+        raise ConfigError(f"--sweep-lrs lists a learning rate twice: {text!r}")
+    if len(lrs) < at_least:
+        raise ConfigError(f"--sweep-lrs needs at least {at_least} learning rates, got {len(lrs)}")
+    return sorted(lrs)
+
+
+def train_config(arm, base, seed, lr, steps, eval_every):
+    """The TrainConfig of one run of ``arm``: ``base`` (TrainConfig fields shared by every run, plus
+    ``warmup_frac``: the warm-up as a fraction of the run) with the arm's fields, this seed, learning
+    rate, budget and evaluation cadence."""
+    from ..config import TrainConfig
+    if arm not in ARMS:
+        raise ConfigError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+    d = {k: v for k, v in base.items() if k != "warmup_frac"}
+    d.update(ARMS[arm], seed=int(seed), lr=float(lr), steps=int(steps), eval_every=int(eval_every),
+             warmup=int(round(base.get("warmup_frac", 0.05) * steps)))
+    if arm == BASE:
+        d.update(n_stages=1, stage_threads="auto", stage_workers=0)
+    return TrainConfig(**d)

@@ -1,0 +1,246 @@
+"""What a study reports: study.json (the shape below), study.md and curves.png, rebuilt from the
+result files after every finished run, so a partial study is always readable.
+
+study.json: ``{"dataset", "config": {...}, "tokens_per_run", "seeds", "code_version",
+"arms": {arm: {"lr", "test_bpb": [per seed, null where missing], "curve": {"tokens": [...],
+"val_bpb": [[...] per seed]}, "sweep": {...}, ...}}, "convergence": {"bp_last20_rel_improvement",
+...}, "verdicts": {arm: {"mean_gap", "t_lower", "t_upper", "margin", "noninferior", ...}}, ...}``.
+
+Verdicts: per paired seed the gap is ``(test_bpb_arm - test_bpb_bp) / test_bpb_bp``; the two-sided
+95% Student-t interval of the mean gap over the paired seeds decides (non-inferior iff its upper
+bound is below the margin); the paired bootstrap is reported alongside. Convergence: for every bp
+seed, ``(v80 - v_end) / v80`` with ``v80`` the validation bpb at 80% of the run (linear
+interpolation between evaluations) and ``v_end`` the final one; their mean must be below 0.01.
+"""
+import math
+import os
+
+from .arms import ARMS, BASE
+from .runner import write_json_atomic
+
+REPORT_FILE, MARKDOWN_FILE, CURVES_FILE = "study.json", "study.md", "curves.png"
+CONVERGED_BELOW = 0.01
+
+
+def _num(x):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def value_at(tokens, vals, at):
+    """The curve's value at ``at`` tokens: linear between the evaluations around it (the first
+    evaluation when ``at`` comes before it)."""
+    if not tokens:
+        return None
+    if at <= tokens[0]:
+        return vals[0]
+    for (t0, v0), (t1, v1) in zip(zip(tokens, vals), zip(tokens[1:], vals[1:])):
+        if t0 <= at <= t1:
+            return v0 + (v1 - v0) * (at - t0) / (t1 - t0) if t1 > t0 else v1
+    return vals[-1]
+
+
+def last20_rel_improvement(tokens, vals, frac=0.8):
+    """(v(frac * end) - v(end)) / v(frac * end) of one curve (positive: still improving)."""
+    if len(tokens) < 2:
+        return None
+    v80 = value_at(tokens, vals, frac * tokens[-1])
+    return (v80 - vals[-1]) / v80
+
+
+def convergence(curves):
+    """``curves``: bp's [(tokens, vals)] per finished seed."""
+    per = [last20_rel_improvement(t, v) for t, v in curves]
+    per = [p for p in per if p is not None]
+    mean = sum(per) / len(per) if per else None
+    ok = mean is not None and mean < CONVERGED_BELOW
+    note = ("no finished bp main run yet" if mean is None else
+            f"converged: bp improved {100 * mean:.2f}% over the last 20% of its run (< 1%)" if ok else
+            f"not converged: bp still improved {100 * mean:.2f}% over the last 20% of its run "
+            "(>= 1%): lengthen the runs (--tokens)")
+    return {"bp_last20_rel_improvement": mean, "per_seed": per, "seeds": len(per),
+            "threshold": CONVERGED_BELOW, "converged": ok, "note": note}
+
+
+def verdicts(test_bpb, seeds, margin, conf, n_boot):
+    """{arm: verdict} from {arm: [test bpb per seed or None]}."""
+    from ..stats import noninferiority
+    out = {}
+    for arm, vals in test_bpb.items():
+        if arm == BASE:
+            continue
+        paired = [s for s, a, b in zip(seeds, vals, test_bpb[BASE]) if a is not None and b is not None]
+        base = {"margin": margin, "conf": conf, "n_paired": len(paired), "seeds": paired}
+        if not paired:
+            out[arm] = dict(base, mean_gap=None, t_lower=None, t_upper=None, noninferior=False,
+                            gaps=[], boot_lower=None, boot_upper=None, verdict="no paired seeds yet")
+            continue
+        bp = [test_bpb[BASE][seeds.index(s)] for s in paired]
+        rg = [vals[seeds.index(s)] for s in paired]
+        r = noninferiority(bp, rg, margin=margin, conf=conf, n_boot=n_boot, seed=0)
+        out[arm] = dict(base, mean_gap=r["mean_gap"], t_lower=_num(r["t_lo"]), t_upper=_num(r["t_hi"]),
+                        noninferior=r["non_inferior"], gaps=r["gaps"], boot_lower=_num(r["boot_lo"]),
+                        boot_upper=_num(r["boot_hi"]),
+                        verdict=r["verdict"] + f" ({len(paired)} of {len(seeds)} seeds paired)")
+    return out
+
+
+def build(st, computed=()):
+    """The study.json dict of Study ``st`` from the result files there now."""
+    from ..machine import describe_machine, machine_line
+    arms, seeds = {}, st.seeds
+    n_done = n_known = 0
+    test_bpb = {}
+    bp_curves = []
+    sweep_lrs = set()
+    for arm in st.arms:
+        grid, res, best, at_edge = st.sweep_state(arm)
+        sweep_lrs.update(grid)
+        n_known += len(grid)
+        n_done += sum(1 for r in res.values() if r is not None)
+        sweep = {"lrs": grid, "val_bpb": [_num(r["val_bpb"]) if r else None for r in res.values()],
+                 "diverged": [bool(r and r["diverged"]) for r in res.values()],
+                 "best_lr": best, "at_edge": bool(at_edge), "complete": best is not None}
+        entry = {"lr": best, "overrides": ARMS[arm], "code_version": st.fingerprints.get(arm),
+                 "test_bpb": [None] * len(seeds), "val_bpb": [None] * len(seeds),
+                 "val_stage_bpb": [None] * len(seeds), "curve": {"tokens": [], "val_bpb": []},
+                 "train_tokens_per_s": None, "sweep": sweep}
+        curves, tps = [None] * len(seeds), []
+        if best is not None:
+            n_known += len(seeds)
+            for i, s in enumerate(seeds):
+                r = st.result(st.task("main", arm, s, best))
+                if r is None:
+                    continue
+                n_done += 1
+                entry["test_bpb"][i] = _num(r["test_bpb"])
+                entry["val_bpb"][i] = _num(r["val_bpb"])
+                entry["val_stage_bpb"][i] = r.get("val_stage_bpb")
+                curves[i] = r["curve"]
+                if r.get("train_tokens_per_s"):
+                    tps.append(r["train_tokens_per_s"])
+        toks = next(([p[1] for p in c] for c in curves if c), [])
+        entry["curve"] = {"tokens": toks,
+                          "val_bpb": [[p[2] for p in c] if c else None for c in curves]}
+        entry["train_tokens_per_s"] = sum(tps) / len(tps) if tps else None
+        if arm == BASE:
+            bp_curves = [([p[1] for p in c], [p[2] for p in c]) for c in curves if c]
+        test_bpb[arm] = entry["test_bpb"]
+        arms[arm] = entry
+    machine = describe_machine()
+    cfg = dict(st.mcfg.to_dict(), preset=st.config, batch=st.batch, seq=st.seq,
+               n_stages=st.base["n_stages"], steps=st.steps, eval_every=st.eval_every,
+               eval_batches=st.base["eval_batches"], warmup_frac=st.base["warmup_frac"],
+               min_lr_frac=st.base["min_lr_frac"], threads_per_run=st.base["threads"],
+               schedule="linear warm-up, then cosine to min_lr_frac * lr")
+    rep = {"dataset": st.dataset, "data": st._data_key, "config": cfg,
+           "tokens_per_run": st.steps * st.batch * st.seq, "seeds": seeds,
+           "code_version": st.code_version(), "code_versions": dict(st.fingerprints or {}),
+           "arms": arms, "convergence": convergence(bp_curves),
+           "verdicts": verdicts(test_bpb, seeds, st.margin, st.conf, st.n_boot),
+           "sweep": {"seed": seeds[0], "frac": st.sweep_frac, "steps": st.sweep_steps,
+                     "tokens": st.sweep_steps * st.batch * st.seq, "eval_every": st.sweep_eval_every,
+                     "lrs": sorted(sweep_lrs), "grid": st.sweep_lrs, "extend": st.extend_sweep,
+                     "criterion": "lowest final validation bpb"},
+           "test_metric": {"split": "test", "eval": "nbrgc.evaluate.sliding_bpb (full context, stride "
+                           "ctx/2), full network (RGC: the last stage)", "bytes": st.test_bytes},
+           "margin": st.margin, "conf": st.conf, "runs": {"done": n_done, "known": n_known},
+           "command": st.command, "machine": machine, "machine_line": machine_line(machine),
+           "computed_this_call": list(computed), "notes": []}
+    return rep
+
+
+def _pct(x, nd=2):
+    return "–" if x is None else f"{100 * x:+.{nd}f}%"
+
+
+def _f(x, nd=4):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def markdown(rep):
+    c, arms, seeds = rep["config"], rep["arms"], rep["seeds"]
+    rgc = [a for a in arms if a != BASE]
+    L = [f"## nbrgc-study: {c['preset']} (L{c['n_layer']} d{c['d_model']} H{c['n_head']} ctx{c['ctx']}, "
+         f"{c['n_stages']} RGC stages) on {rep['data']['name']}",
+         "",
+         f"{rep['tokens_per_run']:,} tokens per run ({c['steps']} steps × {c['batch']} × {c['seq']}), "
+         f"{len(seeds)} paired seeds {seeds}, warm-up {100 * c['warmup_frac']:g}%, cosine to "
+         f"{c['min_lr_frac']:g}·lr, validation every {c['eval_every']} steps on {c['eval_batches']} "
+         f"fixed batches, {c['threads_per_run']} thread(s) per run. Numerics version "
+         f"`{rep['code_version']}`. Runs done: {rep['runs']['done']} of {rep['runs']['known']} known.",
+         "", f"Machine: {rep['machine_line']}", ""]
+    if rep.get("command"):
+        L += ["Reproduce (reuses every finished run in the folder):", "", "    " + rep["command"], ""]
+    sw = rep["sweep"]
+    lrs = sw["lrs"]
+    L += [f"### Learning-rate sweep (seed {sw['seed']}, {sw['tokens']:,} tokens = {sw['frac']:g} of "
+          "the budget, its own schedule; final validation bpb, best in bold)", "",
+          "| arm | " + " | ".join(f"lr {v:.3g}" for v in lrs) + " | chosen |",
+          "|---|" + "---:|" * (len(lrs) + 1)]
+    for a, e in arms.items():
+        by = dict(zip(e["sweep"]["lrs"], zip(e["sweep"]["val_bpb"], e["sweep"]["diverged"])))
+        cells = []
+        for v in lrs:
+            if v not in by:
+                cells.append("")
+            elif by[v][1]:
+                cells.append("diverged")
+            elif by[v][0] is None:
+                cells.append("–")
+            else:
+                cells.append(f"**{by[v][0]:.4f}**" if v == e["lr"] else f"{by[v][0]:.4f}")
+        chosen = "–" if e["lr"] is None else f"{e['lr']:.3g}" + (
+            " (edge of the grid)" if e["sweep"]["at_edge"] else "")
+        L.append(f"| {a} | " + " | ".join(cells) + f" | {chosen} |")
+    edge = [a for a, e in arms.items() if e["sweep"]["at_edge"]]
+    if edge:
+        L += ["", f"The best learning rate is at the edge of the grid for {', '.join(edge)}: a wider "
+              "sweep (--sweep-lrs, --extend-sweep) may find a better one."]
+    L += ["", "### Test bits per byte (sliding window, full network) per seed", "",
+          "| seed | " + " | ".join(arms) + " | " + " | ".join(f"Δ {a}" for a in rgc) + " |",
+          "|---:|" + "---:|" * (len(arms) + len(rgc))]
+    for i, s in enumerate(seeds):
+        bp = arms[BASE]["test_bpb"][i]
+        cells = [_f(arms[a]["test_bpb"][i]) for a in arms]
+        gaps = [_pct((arms[a]["test_bpb"][i] - bp) / bp, 3)
+                if bp is not None and arms[a]["test_bpb"][i] is not None else "–" for a in rgc]
+        L.append(f"| {s} | " + " | ".join(cells + gaps) + " |")
+    L += ["", "### Verdicts (Δ = (bpb_arm − bpb_bp) / bpb_bp; non-inferior iff the upper bound of the "
+          "two-sided 95% t-interval is below the margin)", "",
+          "| arm | lr | paired seeds | mean Δ | t lower | t upper | bootstrap 95% | margin | verdict |",
+          "|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for a in rgc:
+        v = rep["verdicts"][a]
+        lr = "–" if arms[a]["lr"] is None else f"{arms[a]['lr']:.3g}"
+        L.append(f"| {a} | {lr} | {v['n_paired']}/{len(seeds)} | {_pct(v['mean_gap'], 3)} | "
+                 f"{_pct(v['t_lower'], 3)} | {_pct(v['t_upper'], 3)} | [{_pct(v['boot_lower'])}, "
+                 f"{_pct(v['boot_upper'])}] | {100 * v['margin']:g}% | {v['verdict']} |")
+    cv = rep["convergence"]
+    L += ["", "### Convergence of bp", "",
+          f"Mean relative improvement of bp's validation bpb over the last 20% of its run: "
+          f"{_pct(cv['bp_last20_rel_improvement'], 3)} over {cv['seeds']} seed(s) "
+          f"(per seed: {', '.join(_pct(p, 3) for p in cv['per_seed']) or '–'}). {cv['note']}."]
+    tp = [(a, e["train_tokens_per_s"]) for a, e in arms.items() if e["train_tokens_per_s"]]
+    if tp:
+        L += ["", "Training throughput (mean over finished main runs, tokens/s, machine shared by "
+              "the parallel runs): " + ", ".join(f"{a} {v:,.0f}" for a, v in tp) + "."]
+    for n in rep.get("notes", []):
+        L += ["", f"Note: {n}"]
+    return "\n".join(L) + "\n"
+
+
+def write(rep, out, plot=True):
+    """study.json, study.md and (with ``plot`` and matplotlib) curves.png in ``out``."""
+    from .curves import plot_study
+    if plot:
+        path = plot_study(rep, os.path.join(out, CURVES_FILE))
+        if path is None:
+            rep["notes"].append("curves.png needs matplotlib: pip install 'nbrgc[plot]'")
+        else:
+            rep["plot"] = CURVES_FILE
+    write_json_atomic(os.path.join(out, REPORT_FILE), rep)
+    tmp = os.path.join(out, MARKDOWN_FILE + f".tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(markdown(rep))
+    os.replace(tmp, os.path.join(out, MARKDOWN_FILE))
+    return os.path.join(out, REPORT_FILE)

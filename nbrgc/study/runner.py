@@ -1,0 +1,163 @@
+"""One study run, in its own process: ``python -m nbrgc.study SPEC.json``.
+
+The spec (written by the study) names the arm, phase, seed, learning rate, the full model and
+training configs, the dataset, the run folder and the result file. The run is a normal ``Trainer``
+run folder (checkpoints at every evaluation), resumed from its newest checkpoint when it exists.
+When the training is complete the final parameters are scored on the test split with
+:func:`nbrgc.evaluate.sliding_bpb` (main runs only: the sweep chooses by validation bpb and never
+looks at the test split) and the result is written atomically to the result file.
+
+Exit status: 0 result written; 3 stopped by SIGINT/SIGTERM after a checkpoint (run it again to
+resume); 4 another process holds the run folder; 2 a one-line error (e.g. diverged runs are results,
+not errors: they are written with ``"diverged": true``).
+"""
+import fcntl
+import json
+import math
+import os
+import sys
+import time
+
+from ..errors import DivergenceError, NbrgcError
+
+EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_BUSY = 0, 2, 3, 4
+_COSMETIC = ("log_every", "keep", "ckpt_every", "stage_workers", "attention")
+
+
+class RunStopped(NbrgcError):
+    """The run was stopped after checkpointing; running it again resumes it."""
+
+
+class RunBusy(NbrgcError):
+    """Another process holds the run folder's lock."""
+
+
+def write_json_atomic(path, obj):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_curve(log_path, tokens_per_step):
+    """[[step, tokens, val_bpb, val_stage_bpb or None]] from a run's log.jsonl (the last record of a
+    step wins, e.g. after a resume; a line cut by an interruption is skipped)."""
+    pts = {}
+    try:
+        with open(log_path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("summary") or rec.get("val_bpb") is None or "step" not in rec:
+                    continue
+                pts[int(rec["step"])] = (float(rec["val_bpb"]), rec.get("val_stage_bpb"))
+    except OSError:
+        return []
+    return [[s, s * tokens_per_step, v, st] for s, (v, st) in sorted(pts.items())]
+
+
+def load_result(path, key):
+    """The result in ``path`` when its key is ``key``, else None (missing, unreadable, another key)."""
+    try:
+        with open(path) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(res, dict) or res.get("key") != json.loads(json.dumps(key)):
+        return None
+    return res
+
+
+def run_one(spec, log=None):
+    """Train (or resume) the run ``spec`` describes, score it and write its result; returns it."""
+    from ..config import ModelConfig, TrainConfig
+    from ..data import load_dataset
+    from ..evaluate import sliding_bpb
+    from ..trainer import Trainer
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    work = spec["work"]
+    os.makedirs(work, exist_ok=True)
+    lock = open(os.path.join(work, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise RunBusy(f"{work} is in use by another process") from None
+    try:
+        mcfg = ModelConfig.from_dict(spec["model_config"])
+        tc = TrainConfig(**spec["train_config"])
+        ds = spec.get("dataset_obj") or load_dataset(spec["dataset"], data_dir=spec.get("data_dir"),
+                                                     log=lambda m: None, seq=tc.seq or mcfg.ctx)
+        seq = tc.validate_for(mcfg)
+        resume = os.path.exists(os.path.join(work, "run.json"))
+        t0 = time.perf_counter()
+        trainer = Trainer(mcfg, tc, ds, work, resume=resume, json_lines=False, progress=False,
+                          log=log if spec.get("verbose") else (lambda m: None),
+                          data_spec=spec["key"]["data"]["name"])
+        diverged = None
+        try:
+            summary = trainer.run()
+        except DivergenceError as exc:
+            summary, diverged = None, str(exc)
+        if summary is not None and summary.get("stopped"):
+            raise RunStopped(f"{summary['stopped']}: checkpointed at step {summary['steps']}")
+        curve = read_curve(os.path.join(work, "log.jsonl"), tc.batch * seq)
+        res = {"key": spec["key"], "name": spec["name"], "arm": spec["arm"], "phase": spec["phase"],
+               "seed": spec["seed"], "lr": spec["lr"], "steps": tc.steps,
+               "tokens": tc.steps * tc.batch * seq, "code_version": spec["key"]["code_version"],
+               "diverged": diverged is not None, "error": diverged,
+               "val_bpb": None, "val_stage_bpb": None, "test_bpb": None, "test": None,
+               "train_tokens_per_s": None, "wall_s": None, "this_call_s": None, "resumed": resume,
+               "curve": [p[:3] for p in curve],
+               "stage_curve": [p[3] for p in curve] if any(p[3] for p in curve) else None}
+        if summary is not None:
+            val = summary.get("val_bpb")
+            if val is None or not math.isfinite(val):
+                raise NbrgcError(f"{spec['name']}: no finite validation bpb at the end of the run")
+            res.update(val_bpb=val, val_stage_bpb=summary.get("val_stage_bpb"),
+                       train_tokens_per_s=summary.get("tokens_per_s"), wall_s=summary.get("wall_s"))
+            if spec.get("score_test"):
+                t = sliding_bpb(trainer.model, ds.test, batch=16, n_bytes=spec.get("test_bytes"))
+                res["test_bpb"], res["test"] = t["bpb"], {k: t[k] for k in ("bytes_scored", "windows",
+                                                                            "stride", "ctx")}
+        res["this_call_s"] = time.perf_counter() - t0
+        os.makedirs(os.path.dirname(spec["result"]) or ".", exist_ok=True)
+        write_json_atomic(spec["result"], res)
+        return res
+    finally:
+        lock.close()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m nbrgc.study SPEC.json", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        with open(argv[0]) as f:
+            spec = json.load(f)
+        res = run_one(spec)
+    except RunStopped as exc:
+        print(f"stopped: {exc}", file=sys.stderr)
+        return EXIT_STOPPED
+    except RunBusy as exc:
+        print(f"busy: {exc}", file=sys.stderr)
+        return EXIT_BUSY
+    except (NbrgcError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("stopped: interrupted before the first checkpoint", file=sys.stderr)
+        return EXIT_STOPPED
+    print(json.dumps({"val_bpb": res["val_bpb"], "test_bpb": res["test_bpb"],
+                      "diverged": res["diverged"]}))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
