@@ -45,11 +45,21 @@ def _schedule_points(tc):
     return [[int(s), _r(lr_at(s, tc) / tc.lr)] for s in pts if 0 <= s < tc.steps]
 
 
+def _identity_init():
+    try:
+        from ..local import identity_init
+    except ImportError:
+        from ..errors import ConfigError
+        raise ConfigError("stage_init identity is not implemented in this code (no "
+                          "nbrgc.local.identity_init): leave the identity arms out of --arms") from None
+    return identity_init
+
+
 def scheme_figures(mcfg, tc):
     """The rounded figures the fingerprint hashes (a dict; see the module docstring)."""
     from ..data import Batches, eval_batches
     from ..evaluate import evaluate, sliding_bpb
-    from ..local import identity_init, split_stages
+    from ..local import split_stages
     from ..model import Model
     from ..optim import lr_at
     from ..schemes import make_scheme
@@ -65,7 +75,7 @@ def scheme_figures(mcfg, tc):
     stages = split_stages(mcfg.n_layer, ftc.n_stages if ftc.mode != "bp" else 1)
     scheme = make_scheme(model, ftc, log=lambda m: None)
     if ftc.mode != "bp" and ftc.stage_init == "identity":
-        identity_init(model, stages)
+        _identity_init()(model, stages)
     batches = Batches(train, FP_BATCH, seq, seed=0)
     held_out = eval_batches(held, FP_BATCH, seq, 2, seed=1)
     per = stages[0][1] - stages[0][0]
