@@ -278,6 +278,21 @@ def test_results_reused_and_recomputed_when_the_numerics_change(tmp_path, monkey
         n: v for n, v in before.items() if "rgc-sync" not in n}
 
 
+def test_a_run_refuses_code_that_computes_differently(tmp_path):
+    from nbrgc.errors import NbrgcError
+    from nbrgc.study.runner import run_one
+    st = _study(tmp_path)
+    st._data_key = st.data_key()
+    st.fingerprints = st.compute_fingerprints()
+    good = st.task("sweep", "rgc-sync", 0, 1e-3)
+    st.fingerprints = {a: "0" * 16 for a in st.arms}  # as if the code changed after the study began
+    bad = st.task("sweep", "rgc-sync", 0, 1e-3)
+    with pytest.raises(NbrgcError, match="computes differently"):
+        run_one(dict(bad, dataset_obj=st.data()), log=lambda m: None)
+    assert not os.path.exists(bad["result"]) and not os.path.exists(os.path.join(bad["work"], "run.json"))
+    assert run_one(dict(good, dataset_obj=st.data()), log=lambda m: None)["val_bpb"] > 0
+
+
 def test_interrupted_run_resumes_where_it_stopped(tmp_path, monkeypatch):
     Trainer = importlib.import_module("nbrgc.trainer").Trainer
     common = dict(seeds=[0], steps=8, eval_every=4, phase="sweep", sweep_frac=1.0)

@@ -147,11 +147,12 @@ class Study:
 
     def compute_fingerprints(self):
         """{arm: numerics fingerprint} of every arm (see :mod:`nbrgc.study.fingerprint`)."""
-        out = {}
-        for arm in self.arms:
-            tc = train_config(arm, self.base, self.seeds[0], self.sweep_lrs[0], self.steps, self.eval_every)
-            out[arm] = fp_mod.scheme_fingerprint(self.mcfg, tc)
-        return out
+        return {arm: fp_mod.scheme_fingerprint(self.mcfg, self.fingerprint_config(arm))
+                for arm in self.arms}
+
+    def fingerprint_config(self, arm):
+        """The TrainConfig an arm's fingerprint is computed from (a run's child checks it again)."""
+        return train_config(arm, self.base, self.seeds[0], self.sweep_lrs[0], self.steps, self.eval_every)
 
     def code_version(self):
         fps = self.fingerprints or {}
@@ -173,6 +174,7 @@ class Study:
                 "key": key, "model_config": self.mcfg.to_dict(), "train_config": tc.to_dict(),
                 "dataset": self.dataset, "data_dir": self.data_dir, "score_test": phase == "main",
                 "test_bytes": self.test_bytes, "verbose": self.verbose,
+                "fingerprint_config": self.fingerprint_config(arm).to_dict(),
                 "work": os.path.join(self.work, f"{name}-{h}"),
                 "result": os.path.join(self.out, "results", f"{name}.json"),
                 "tokens": steps * self.batch * self.seq}

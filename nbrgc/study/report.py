@@ -146,6 +146,10 @@ def build(st, computed=()):
            "margin": st.margin, "conf": st.conf, "runs": {"done": n_done, "known": n_known},
            "command": st.command, "machine": machine, "machine_line": machine_line(machine),
            "computed_this_call": list(computed), "notes": []}
+    waiting = [a for a, e in arms.items() if not e["sweep"]["complete"]]
+    if waiting:
+        rep["notes"].append(f"the sweep is not complete for {', '.join(waiting)}: their main runs "
+                            "start once it is (--phase sweep or all runs it)")
     return rep
 
 

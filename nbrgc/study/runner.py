@@ -5,7 +5,9 @@ training configs, the dataset, the run folder and the result file. The run is a 
 run folder (checkpoints at every evaluation), resumed from its newest checkpoint when it exists.
 When the training is complete the final parameters are scored on the test split with
 :func:`nbrgc.evaluate.sliding_bpb` (main runs only: the sweep chooses by validation bpb and never
-looks at the test split) and the result is written atomically to the result file.
+looks at the test split) and the result is written atomically to the result file. Before training
+it recomputes its arm's numerics fingerprint and refuses to run when it differs from the one in its
+key: a source edited while a long study runs must not file results under the old version.
 
 Exit status: 0 result written; 3 stopped by SIGINT/SIGTERM after a checkpoint (run it again to
 resume); 4 another process holds the run folder; 2 a one-line error (e.g. diverged runs are results,
@@ -73,6 +75,22 @@ def load_result(path, key):
     return res
 
 
+def check_numerics(mcfg, spec):
+    """Refuse to train when this process's code computes differently from the code the study
+    fingerprinted when it started (e.g. a source edited while a long study runs): its result would be
+    filed under the wrong numerics version."""
+    from ..config import TrainConfig
+    from . import fingerprint
+    if "fingerprint_config" not in spec:
+        return
+    got = fingerprint.scheme_fingerprint(mcfg, TrainConfig(**spec["fingerprint_config"]))
+    want = spec["key"]["code_version"]
+    if got != want:
+        raise NbrgcError(f"the code computes differently from when the study started (numerics "
+                         f"fingerprint {got}, the study's {want}): run the study again to restart "
+                         "with this code")
+
+
 def run_one(spec, log=None):
     """Train (or resume) the run ``spec`` describes, score it and write its result; returns it."""
     from ..config import ModelConfig, TrainConfig
@@ -94,6 +112,7 @@ def run_one(spec, log=None):
         ds = spec.get("dataset_obj") or load_dataset(spec["dataset"], data_dir=spec.get("data_dir"),
                                                      log=lambda m: None, seq=tc.seq or mcfg.ctx)
         seq = tc.validate_for(mcfg)
+        check_numerics(mcfg, spec)
         resume = os.path.exists(os.path.join(work, "run.json"))
         t0 = time.perf_counter()
         trainer = Trainer(mcfg, tc, ds, work, resume=resume, json_lines=False, progress=False,
