@@ -5,6 +5,17 @@ Stage k owns a contiguous run of blocks (stage 0 also the embeddings). Its input
 gradient crosses a stage boundary); it learns only from its own loss L_k = CE(head(lnf(h_k)), y)
 read out through the ONE decoder all stages share. Each stage's gradient of that decoder is posted
 into the RGC buffer; the decoder is updated with their average once all K have posted.
+
+Two variants aim at what locality costs, and keep what RGC is for (no gradient across a boundary,
+stages asynchronous, no extra memory):
+
+* ``consensus="depth"``: the average weighs stage k by k + 1. What is evaluated is the last stage's
+  readout, so the decoder leans towards the deeper stages' features instead of serving the
+  shallowest as much as the deepest.
+* ``stage_init="identity"``: every block of stages 1..K-1 starts with zero residual output
+  projections (attention output and MLP down, weights and biases), so a later stage starts as the
+  identity of its input: its loss starts at the previous stage's and it can only add to it, instead
+  of first spending its updates undoing random residual branches on an input that is itself moving.
 """
 import numpy as np
 
@@ -31,16 +42,46 @@ def stage_param_ranges(layout, stages):
     return ranges
 
 
+def consensus_weights(tc_or_name, n_stages=None):
+    """The RGC average's weight of each stage: ``uniform`` (None: a plain mean) or ``depth`` (stage k
+    weighs k + 1, normalised to sum to 1). Takes a TrainConfig or a consensus name and a stage count."""
+    name = getattr(tc_or_name, "consensus", tc_or_name)
+    K = getattr(tc_or_name, "n_stages", n_stages) if n_stages is None else n_stages
+    if name == "uniform":
+        return None
+    if name == "depth":
+        w = np.arange(1, K + 1, dtype=np.float64)
+        return w / w.sum()
+    raise ConfigError(f"consensus must be uniform or depth, got {name!r}")
+
+
+def identity_init(model, stages):
+    """Zero the residual output projections of every block of stages 1..K-1 (see the module
+    docstring). Stage 0 keeps its initialisation: it is the one stage whose input is not a
+    representation already read out by the decoder."""
+    p = model.params
+    for lo, hi in stages[1:]:
+        for i in range(lo, hi):
+            for name in ("attn.wo", "attn.bo", "mlp.w2", "mlp.b2"):
+                p[f"h.{i}.{name}"][...] = 0.0
+
+
 class RGCBuffer:
     """K decoder-gradient slots per round for ``n_rounds`` rounds in flight, and one int64 counter per
     round, incremented with a hardware fetch-and-add; the poster that brings it to K closes the round.
-    Slots (not a running sum) keep the average bitwise independent of the order of arrival."""
+    Slots (not a running sum) keep the average bitwise independent of the order of arrival.
+    ``weights`` (K floats summing to 1; None: the plain mean) weigh the stages in the average."""
 
-    def __init__(self, n_stages, dec_size, dtype, n_rounds=1):
+    def __init__(self, n_stages, dec_size, dtype, n_rounds=1, weights=None):
         self.K = n_stages
         self.slots = np.zeros((n_rounds, n_stages, dec_size), dtype)
         self.counters = np.zeros(n_rounds, np.int64)
         self.mean = np.zeros(dec_size, dtype)
+        if weights is not None:
+            weights = np.asarray(weights, np.float64)
+            if weights.shape != (n_stages,) or not np.all(weights >= 0) or abs(weights.sum() - 1) > 1e-12:
+                raise ConfigError(f"RGC weights must be {n_stages} non-negative numbers summing to 1")
+        self.weights = weights
 
     def slot(self, t, k):
         return self.slots[t % self.slots.shape[0], k]
@@ -54,7 +95,10 @@ class RGCBuffer:
         """Average the round's slots (in stage order) into ``self.mean`` and reset its counter."""
         from .kernels.atomics import store
         r = t % self.counters.shape[0]
-        _mean_rows(self.slots[r], self.mean)
+        if self.weights is None:
+            _mean_rows(self.slots[r], self.mean)
+        else:
+            _weighted_rows(self.slots[r], self.weights, self.mean)
         store(self.counters, r, 0)
         return self.mean
 
@@ -71,13 +115,19 @@ def _mean_rows(rows, out):
         out *= 1.0 / K
 
 
-def local_loss_and_grad(model, x, y, n_stages=4):
+def _weighted_rows(rows, weights, out):
+    out[...] = rows[0] * rows.dtype.type(weights[0])
+    for k in range(1, rows.shape[0]):
+        out += rows[k] * rows.dtype.type(weights[k])
+
+
+def local_loss_and_grad(model, x, y, n_stages=4, consensus="uniform"):
     """Losses of every stage and the bounded-horizon gradients.
 
     Returns (losses, grads): ``losses[k]`` is stage k's local loss (the last one is the full network's),
     ``grads[name]`` views of ``model.grad_flat``: block and embedding gradients from their own stage's
-    loss only, decoder gradients the RGC average over stages. With n_stages=1 this is exactly
-    ``model.loss_and_grad``.
+    loss only, decoder gradients the RGC average over stages (weighted by ``consensus``, see
+    :func:`consensus_weights`). With n_stages=1 this is exactly ``model.loss_and_grad``.
     """
     x, y = model._check_xy(x, y)
     stages = split_stages(model.cfg.n_layer, n_stages)
@@ -85,7 +135,8 @@ def local_loss_and_grad(model, x, y, n_stages=4):
     per = stages[0][1] - stages[0][0]
     ws = model.workspace(B, T, 0, per)
     lo_d, hi_d = model.layout.decoder_range
-    rgc = RGCBuffer(len(stages), hi_d - lo_d, model.dtype)
+    rgc = RGCBuffer(len(stages), hi_d - lo_d, model.dtype,
+                    weights=consensus_weights(consensus, len(stages)))
     model.grad_flat[...] = 0.0
     losses = []
     h = model.embed(x, ws)

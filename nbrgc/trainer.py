@@ -22,7 +22,7 @@ from . import checkpoint as ckpt
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
-from .local import split_stages
+from .local import identity_init, split_stages
 from .memory import available_bytes, estimate, fmt_mib, peak_rss_mib
 from .model import Model
 from .optim import lr_at
@@ -203,6 +203,8 @@ class Trainer:
         self.info(f"parameters: {model.n_params:,}")
         scheme = make_scheme(model, tc, fault_hook=self.fault_hook, log=self.info)
         stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)
+        if tc.mode != "bp" and tc.stage_init == "identity":
+            identity_init(model, stages)
         if hasattr(self.fault_hook, "bind"):
             self.fault_hook.bind(model, [model.layout.block_range(lo, hi) for lo, hi in stages])
         batches = Batches(self.data.train, tc.batch, self.seq, seed=tc.seed)
@@ -230,6 +232,29 @@ class Trainer:
         step, done = start, start
         seg_t0 = time.perf_counter()
         first_timed = start + 1  # the first step of a process loads kernels: not throughput
+
+        def report(results, now):
+            nonlocal done, timed_tokens
+            for r in results:
+                done = r.step + 1
+                if r.step >= first_timed:
+                    timed_tokens += tokens_per_step
+                rec = {"step": done, "loss": r.loss, "bpb": r.loss / LN2, "lr": lr_at(r.step, tc),
+                       "grad_norm": r.grad_norm,
+                       "tokens_per_s": timed_tokens / max(1e-9, train_time + now - seg_t0)
+                       if timed_tokens else 0.0,
+                       "elapsed_s": now - t_start}
+                if len(r.stage_losses) > 1:
+                    rec["stage_bpb"] = [v / LN2 for v in r.stage_losses]
+                if r.skipped:
+                    rec["skipped"] = True
+                if done % tc.log_every == 0 or done == tc.steps:
+                    self.emit(rec)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{r.loss:.3f}", bpb=f"{r.loss / LN2:.3f}",
+                                    tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+
         try:
             while step < tc.steps and not self._stop.is_set():
                 x, y = batches.next()
@@ -243,31 +268,15 @@ class Trainer:
                 step += 1
                 results = scheme.poll()
                 time_up = self.time_limit is not None and time.perf_counter() - t_start >= self.time_limit
-                boundary = (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps or (
-                    tc.ckpt_every and step % tc.ckpt_every == 0) or time_up
-                if boundary or self._stop.is_set():
+                # decided once, before the results are reported: a stop requested while reporting
+                # (a signal, a callback) must not save a pipeline that has not been drained
+                pause = bool((tc.eval_every and step % tc.eval_every == 0) or step == tc.steps or (
+                    tc.ckpt_every and step % tc.ckpt_every == 0) or time_up or self._stop.is_set())
+                if pause:
                     results += scheme.drain()
                 now = time.perf_counter()
-                for r in results:
-                    done = r.step + 1
-                    if r.step >= first_timed:
-                        timed_tokens += tokens_per_step
-                    rec = {"step": done, "loss": r.loss, "bpb": r.loss / LN2, "lr": lr_at(r.step, tc),
-                           "grad_norm": r.grad_norm,
-                           "tokens_per_s": timed_tokens / max(1e-9, train_time + now - seg_t0)
-                           if timed_tokens else 0.0,
-                           "elapsed_s": now - t_start}
-                    if len(r.stage_losses) > 1:
-                        rec["stage_bpb"] = [v / LN2 for v in r.stage_losses]
-                    if r.skipped:
-                        rec["skipped"] = True
-                    if done % tc.log_every == 0 or done == tc.steps:
-                        self.emit(rec)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{r.loss:.3f}", bpb=f"{r.loss / LN2:.3f}",
-                                        tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
-                if boundary or self._stop.is_set():
+                report(results, now)
+                if pause:
                     if step > first_timed:
                         train_time += now - seg_t0
                     if (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps or time_up:
@@ -289,14 +298,17 @@ class Trainer:
                 raise
             finally:
                 scheme.close()
-                if bar is not None:
-                    bar.close()
+        # steps finished after the last pause (a stop between boundaries) are logged like the others
+        now = time.perf_counter()
+        if results and step > first_timed:
+            train_time += now - seg_t0
+        report(results, now)
+        if bar is not None:
+            bar.close()
         # The handlers stay until the stop checkpoint is written: a second Ctrl-C only repeats the
         # request instead of killing the save.
         try:
             if self._stop.is_set():
-                for r in results:
-                    done = r.step + 1
                 if step > done:  # pragma: no cover - drain always completes submitted steps
                     step = done
                 last_ckpt = self._save(model, scheme, batches, step) or last_ckpt

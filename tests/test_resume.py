@@ -3,9 +3,8 @@ the same validation bpb and ends with the same parameters as the uninterrupted r
 
 The interrupted run uses the same TrainConfig (the lr schedule depends on ``steps``) and is stopped
 deterministically with ``Trainer.request_stop()`` called from its own JSON stream at the evaluation of
-step K (an evaluation step, so rgc-async drains there in both runs: its workers restart from the
-published decoder at every drain, so a stop anywhere else would change its trajectory). All three
-modes are bitwise deterministic, rgc-async included: every step of every stage reads a fixed decoder
+step K. All three modes are bitwise deterministic, rgc-async included (its checkpoints carry the
+pipeline state; tests/test_pipeline_state.py stops and resumes it anywhere): every step of every stage reads a fixed decoder
 version, rounds close in order and each round averages its K slots in a fixed order; thread timing
 only changes *when* work happens, never what is computed. The stage thread groups are fixed here
 (``stage_threads``), since ``auto`` times the machine and kernels that split reductions over threads

@@ -228,7 +228,8 @@ def test_rgc_async_repeated_runs_never_deadlock(text):
 
 
 def test_rgc_async_drain_then_continue(text):
-    """drain (before evaluation/checkpoints) stops the workers; submitting again restarts them."""
+    """drain (before evaluation/checkpoints) waits for every submitted step and leaves the workers
+    waiting for the next one; close stops them."""
     tc = TrainConfig(mode="rgc-async", steps=10, batch=2, lr=1e-3, warmup=0, n_stages=2,
                      max_staleness=1)
     model = Model(TINY, seed=0)
@@ -240,16 +241,18 @@ def test_rgc_async_drain_then_continue(text):
         out += sc.poll()
         if t == 4:
             out += sc.drain()
-            assert not stage_threads_alive()
+            assert [r.step for r in out] == list(range(5))  # nothing in flight after a drain
+            assert stage_threads_alive()  # paused, not stopped
     out += sc.drain()
+    assert stage_threads_alive()
     sc.close()
     assert [r.step for r in out] == list(range(10))
     assert not stage_threads_alive()
 
 
 def test_rgc_async_stage_profile_and_prompt_shutdown(text):
-    """Each stage's time since the workers started, split into waiting and work; drain stops the
-    workers without waiting out a poll interval (stage 0 blocked on its input is woken)."""
+    """Each stage's time since the workers started, split into waiting and work; close stops the
+    workers, stage 0 blocked on its input included (it is woken rather than left to time out)."""
     tc = TrainConfig(mode="rgc-async", steps=6, batch=2, lr=1e-3, warmup=0, n_stages=2,
                      max_staleness=1, stage_threads="1,1")
     model = Model(TINY, seed=0)
@@ -259,12 +262,10 @@ def test_rgc_async_stage_profile_and_prompt_shutdown(text):
         sc.submit(t, *b.next(), lr_at(t, tc))
         sc.poll()
     time.sleep(0.2)  # every step done: stage 0 now sits in its input wait, stage 1 in its ring wait
-    t0 = time.perf_counter()
     sc.drain()
-    took = time.perf_counter() - t0
-    prof = sc.stage_profile()
     sc.close()
-    assert took < 0.03, f"drain took {took * 1e3:.0f} ms after the last step"
+    assert not stage_threads_alive()
+    prof = sc.stage_profile()  # after close: a wait is counted when it ends
     assert len(prof["step_s"]) == len(prof["wait_s"]) == len(prof["busy_frac"]) == 2
     for step, wait, busy in zip(prof["step_s"], prof["wait_s"], prof["busy_frac"]):
         assert 0.0 <= wait <= step and 0.0 <= busy <= 1.0

@@ -21,6 +21,13 @@ Hand-offs and bounds (all buffers preallocated once, sized by the staleness boun
   fetch-and-add brings it to K averages the slots, applies the decoder's AdamW into the next version
   and publishes it (after the previous round's version: rounds close in order).
 
+The pipeline state at a step boundary n (every stage has finished step n - 1) is the parameters, the
+optimizer state, and the decoder versions max(0, n - S) .. n that steps n .. n + S - 1 still read:
+the rings of activations and targets and the RGC rounds are empty there. ``drain`` pauses the
+workers at such a boundary without stopping them (each stage waits at most one step for the others),
+``state`` writes the versions into the checkpoint and ``load_state`` restores them, so evaluation,
+checkpoints, stops and resumes leave the trajectory exactly as an uninterrupted run's.
+
 Waiting uses one Condition with short timeouts, so a failing stage stops every other promptly.
 """
 import queue
@@ -32,7 +39,7 @@ import numpy as np
 from ..config import parse_stage_threads, resolve_stage_workers, worker_groups
 from ..errors import NbrgcError, StageError
 from ..kernels.atomics import fetch_add
-from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
+from ..local import RGCBuffer, consensus_weights, split_stages, stage_param_ranges, stage_sumsq
 from ..optim import clip_scale
 from ..threads import cpu_count, set_threads
 from . import StepResult
@@ -107,6 +114,10 @@ class RGCAsync(SchemeBase):
         self.fault_hook = fault_hook
         self.log = log or (lambda msg: None)
         self._buffers = None
+        # decoder versions live outside the (B, T)-sized buffers: they are pipeline state that a
+        # checkpoint carries, valid for the step boundary ``versions_at`` (None: not yet filled)
+        self.versions = np.zeros((self.S + 2, self.dec_hi - self.dec_lo), model.dtype)
+        self.versions_at = None
         self._threads = []
         self.cond = threading.Condition()
         self.error = None
@@ -141,8 +152,8 @@ class RGCAsync(SchemeBase):
         b["losses"] = np.zeros((S + 1, K))
         b["norms"] = np.zeros((S + 1, K))
         b["skipped"] = np.zeros((S + 1, K), np.bool_)
-        b["versions"] = np.zeros((S + 2, dec), m.dtype)
-        b["rgc"] = RGCBuffer(K, dec, m.dtype, n_rounds=S + 1)
+        b["versions"] = self.versions
+        b["rgc"] = RGCBuffer(K, dec, m.dtype, n_rounds=S + 1, weights=consensus_weights(self.tc))
         b["shape"] = (B, T)
         self._buffers = b
         self.log(f"rgc-async buffers: {self.buffer_bytes() / 2**20:.1f} MiB (ring "
@@ -177,14 +188,14 @@ class RGCAsync(SchemeBase):
         if self._buffers is None or self._buffers["shape"] != (B, T):
             self._alloc(B, T)
         b = self._buffers
-        S = self.S
-        # A fresh run of workers (the first, or after a drain for evaluation or a checkpoint) starts
-        # from the model's current decoder as version step0. Drains happen at the same steps in a
-        # resumed run, so resuming from a checkpoint repeats the uninterrupted run.
+        if self.versions_at != step0:
+            if step0:  # a checkpoint without pipeline state: the stages restart from its decoder
+                self.log(f"rgc-async: no decoder versions for step {step0}; steps {step0}.."
+                         f"{step0 + self.S - 1} read the current decoder")
+            self.versions[:] = self.model.flat[self.dec_lo:self.dec_hi]
+            self.versions_at = step0
         self.started_at = step0
         self.version = step0
-        # steps t < step0 + S read version step0 (the decoder the workers start from)
-        b["versions"][:] = self.model.flat[self.dec_lo:self.dec_hi]
         b["produced"][:] = step0
         b["consumed"][:] = step0
         b["rgc"].counters[:] = 0
@@ -192,7 +203,7 @@ class RGCAsync(SchemeBase):
         self.stop, self.error = False, None
         self.stage_step_s = [0.0] * self.K
         self.stage_wait_s = [0.0] * self.K
-        self._inq = queue.Queue(maxsize=S + 1)
+        self._inq = queue.Queue(maxsize=self.S + 1)
         self._threads = [threading.Thread(target=self._worker, args=(w,), daemon=True,
                                           name="nbrgc-stage-" + "+".join(map(str, self.worker_stages(w))))
                          for w in range(self.W)]
@@ -225,7 +236,8 @@ class RGCAsync(SchemeBase):
         return out
 
     def drain(self):
-        """Wait for every submitted step, stop the workers, publish the newest decoder to the model."""
+        """Wait for every submitted step and publish the newest decoder to the model. The workers stay:
+        each waits for its next input, so the pipeline resumes where it paused."""
         out = []
         while self.next_result < self.submitted:
             self._raise_if_failed()
@@ -237,15 +249,11 @@ class RGCAsync(SchemeBase):
                 continue
             out.append(res)
             self.next_result = res.step + 1
-        self._shutdown()
         self._raise_if_failed()
-        if self._buffers is not None and self.submitted > self.started_at:
-            self._publish_decoder()
+        if self._threads and self.next_result == self.submitted:
+            self.versions_at = self.version
+            self.model.flat[self.dec_lo:self.dec_hi] = self.versions[self.version % (self.S + 2)]
         return out
-
-    def _publish_decoder(self):
-        b = self._buffers
-        self.model.flat[self.dec_lo:self.dec_hi] = b["versions"][self.version % (self.S + 2)]
 
     def close(self):
         self._shutdown()
@@ -294,10 +302,6 @@ class RGCAsync(SchemeBase):
         step, wait = list(self.stage_step_s), list(self.stage_wait_s)
         return {"step_s": step, "wait_s": wait,
                 "busy_frac": [(s - w) / s if s > 0 else None for s, w in zip(step, wait)]}
-
-    def _notify(self):
-        with self.cond:
-            self.cond.notify_all()
 
     # ------------------------------------------------------------------ the stage loop
     def _worker(self, w):
@@ -362,7 +366,7 @@ class RGCAsync(SchemeBase):
         if self.fault_hook is not None:
             self.fault_hook(k, t)
         # 2. the decoder version this step reads
-        v = max(self.started_at, t - S)
+        v = max(0, t - S)
         self._wait(lambda: self.version >= v, k)
         pdec = b["versions"][v % (S + 2)]
         y = b["targets"][slot_t]
@@ -426,14 +430,25 @@ class RGCAsync(SchemeBase):
 
     # ------------------------------------------------------------------ state
     def state(self):
+        """Called at a step boundary (after ``drain``): the versions ring is the pipeline's state."""
         arrays, meta = super().state()
+        arrays["decoder_versions"] = self.versions
         meta["decoder_version"] = self.version
+        meta["max_staleness"] = self.S
         meta["stage_groups"] = self.groups
         meta["stage_workers"] = self.W
         return arrays, meta
 
     def load_state(self, arrays, meta):
         super().load_state(arrays, meta)
+        if "decoder_versions" in arrays:
+            saved = int(meta.get("max_staleness", -1))
+            if saved != self.S:
+                from ..errors import CheckpointError
+                raise CheckpointError(f"checkpoint was written with max_staleness {saved}, this run "
+                                      f"has {self.S} (resume with the same --max-staleness)")
+            self.versions[...] = arrays["decoder_versions"]
+            self.versions_at = int(meta["step"])
         # Group sizes change reduction splits (last-bit differences): a resumed `auto` run reuses
         # the groups its autotune chose instead of timing again.
         if (parse_stage_threads(self.tc.stage_threads, self.K) is None and meta.get("stage_groups")

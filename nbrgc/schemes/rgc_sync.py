@@ -7,7 +7,7 @@ BP's global-norm clipping; with several, no stage waits for another's norm.
 """
 import numpy as np
 
-from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
+from ..local import RGCBuffer, consensus_weights, split_stages, stage_param_ranges, stage_sumsq
 from ..optim import clip_scale
 from . import StepResult
 from .common import SchemeBase
@@ -21,7 +21,8 @@ class RGCSync(SchemeBase):
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
         self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
-        self.rgc = RGCBuffer(len(self.stages), self.dec_hi - self.dec_lo, model.dtype)
+        self.rgc = RGCBuffer(len(self.stages), self.dec_hi - self.dec_lo, model.dtype,
+                             weights=consensus_weights(tc))
         self._ws = None
 
     def optimizers(self):

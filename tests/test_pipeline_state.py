@@ -1,0 +1,162 @@
+"""rgc-async's training does not depend on evaluation, checkpoints, stops or resumes.
+
+The pipeline state at a step boundary (the decoder versions that the next S steps still read) is
+kept across every pause and written into every checkpoint, so for one seed and config the training
+losses are the same to the last bit for any ``eval_every``, ``ckpt_every``, ``keep`` and
+``stage_workers``, and a run stopped anywhere (a stop request, ``--time``) and resumed from any of its
+checkpoints continues the uninterrupted trajectory. The per-stage thread groups are fixed
+(``stage_threads="1"``): the stage-worker count must not change them.
+"""
+import glob
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import nbrgc  # noqa: F401  (thread-safe threading layer first)
+from nbrgc import checkpoint as ck
+from nbrgc.config import ModelConfig, TrainConfig
+from nbrgc.errors import CheckpointError
+from nbrgc.trainer import Trainer
+
+CFG = ModelConfig(n_layer=4, d_model=32, n_head=2, ctx=16)
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def data():
+    from nbrgc.data import load_dataset
+    return load_dataset("default", log=None)
+
+
+class Records(io.StringIO):
+    """The JSON lines of a run; optionally asks the trainer to stop once step ``stop_at`` is logged."""
+
+    def __init__(self, stop_at=None):
+        super().__init__()
+        self.stop_at, self.trainer, self.records, self._buf = stop_at, None, [], ""
+
+    def write(self, s):
+        self._buf += s
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            if line.strip():
+                rec = json.loads(line)
+                self.records.append(rec)
+                if self.stop_at is not None and rec.get("step") == self.stop_at and "loss" in rec:
+                    self.trainer.request_stop("test stop")
+        return len(s)
+
+    def losses(self):
+        return {r["step"]: r["loss"] for r in self.records if "loss" in r and not r.get("summary")}
+
+    def summary(self):
+        return [r for r in self.records if r.get("summary")][-1]
+
+
+def run(data, out=None, resume=False, stop_at=None, time_limit=None, **kw):
+    tc = dict(mode="rgc-async", steps=STEPS, batch=4, n_stages=4, seed=5, log_every=1, threads=2,
+              stage_threads="1", warmup=4, eval_every=STEPS, eval_batches=2)
+    tc.update(kw)
+    rec = Records(stop_at)
+    tr = Trainer(CFG, TrainConfig(**tc), data, out, resume=resume, json_lines=True, progress=False,
+                 log=lambda m: None, stream=rec, time_limit=time_limit)
+    rec.trainer = tr
+    tr.run()
+    return rec, tr.model.flat.copy()
+
+
+def ckpt_steps(d):
+    return sorted(int(os.path.basename(p)[5:14]) for p in glob.glob(os.path.join(d, "ckpt-*.nbrgc")))
+
+
+def keep_up_to(src, dst, step):
+    """A copy of run folder ``src`` holding only its checkpoints up to ``step``."""
+    shutil.copytree(src, dst)
+    for s in ckpt_steps(dst):
+        if s > step:
+            os.remove(ck.checkpoint_path(dst, s))
+
+
+@pytest.mark.parametrize("S", [0, 1, 2])
+def test_losses_do_not_depend_on_eval_checkpoints_or_workers(data, tmp_path, S):
+    ref, ref_params = run(data, max_staleness=S)
+    variants = [dict(eval_every=3, ckpt_every=7, keep=1), dict(eval_every=5, keep=3),
+                dict(eval_every=1, stage_workers=1), dict(eval_every=7, ckpt_every=2, stage_workers=2),
+                dict(eval_every=4, stage_workers=4)]
+    for i, v in enumerate(variants):
+        out = str(tmp_path / f"r{i}") if "ckpt_every" in v or "keep" in v else None
+        got, params = run(data, out=out, max_staleness=S, **v)
+        assert got.losses() == ref.losses(), (S, v)
+        assert np.array_equal(params, ref_params), (S, v)
+        assert got.summary()["val_bpb"] == ref.summary()["val_bpb"], (S, v)
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_resume_from_any_checkpoint_continues_the_trajectory(data, tmp_path, S):
+    full_dir = str(tmp_path / "full")
+    full, full_params = run(data, out=full_dir, max_staleness=S, eval_every=6, ckpt_every=5, keep=100)
+    steps = [s for s in ckpt_steps(full_dir) if s < STEPS]
+    assert len(steps) >= 8, steps  # checkpoints at 5, 6, 10, 12, ...: evaluation and extra ones
+    for n in steps:
+        d = str(tmp_path / f"from{n}")
+        keep_up_to(full_dir, d, n)
+        # another worker count and evaluation cadence in the resumed part: still the same run
+        got, params = run(data, out=d, resume=True, max_staleness=S, eval_every=4, ckpt_every=0,
+                          keep=2, stage_workers=2)
+        assert got.losses() == {s: v for s, v in full.losses().items() if s > n}, n
+        assert np.array_equal(params, full_params), n
+
+
+def test_stop_anywhere_then_resume(data, tmp_path):
+    ref, ref_params = run(data, max_staleness=1)
+    for stop_at in (1, 13, 22, 33):  # none of them an evaluation step
+        d = str(tmp_path / f"stop{stop_at}")
+        first, _ = run(data, out=d, stop_at=stop_at, max_staleness=1)
+        assert first.summary()["stopped"] == "test stop"
+        done = first.summary()["steps"]
+        assert stop_at <= done < STEPS
+        assert ckpt_steps(d)[-1] == done
+        second, params = run(data, out=d, resume=True, max_staleness=1)
+        losses = {**first.losses(), **second.losses()}
+        assert losses == ref.losses(), stop_at
+        assert np.array_equal(params, ref_params), stop_at
+
+
+def test_time_limit_stop_then_resume(data, tmp_path):
+    """--time stops wherever the clock says; resuming from there repeats the uninterrupted run."""
+    ref, ref_params = run(data, max_staleness=2)
+    d = str(tmp_path / "timed")
+    first, _ = run(data, out=d, max_staleness=2, time_limit=1e-9)  # up at the first step boundary
+    done = first.summary()["steps"]
+    assert 1 <= done < STEPS and ckpt_steps(d)[-1] == done
+    second, params = run(data, out=d, resume=True, max_staleness=2)
+    assert {**first.losses(), **second.losses()} == ref.losses()
+    assert np.array_equal(params, ref_params)
+
+
+def test_resume_with_other_staleness_is_refused(data, tmp_path):
+    d = str(tmp_path / "s1")
+    run(data, out=d, max_staleness=1, steps=8, eval_every=4)
+    os.remove(ck.checkpoint_path(d, 8))
+    with pytest.raises(CheckpointError, match="max_staleness 1, this run has 2"):
+        run(data, out=d, resume=True, max_staleness=2, steps=8, eval_every=4)
+
+
+def test_checkpoint_holds_the_decoder_versions(data, tmp_path):
+    """At boundary n the ring holds versions max(0, n - S)..n, and the newest is the decoder in params."""
+    d = str(tmp_path / "v")
+    run(data, out=d, max_staleness=2, steps=9, eval_every=9, ckpt_every=7, keep=5)
+    _, arrays, meta = ck.latest(d)
+    S = meta["max_staleness"]
+    versions = arrays["decoder_versions"]
+    assert versions.shape[0] == S + 2 and meta["decoder_version"] == meta["step"] == 9
+    from nbrgc.model import Layout
+    lo, hi = Layout(CFG).decoder_range
+    assert np.array_equal(versions[9 % (S + 2)], arrays["params"][lo:hi])
+    # the versions steps 9 and 10 read are older decoders, all different from each other
+    live = [versions[v % (S + 2)] for v in range(9 - S, 10)]
+    assert all(not np.array_equal(a, b) for i, a in enumerate(live) for b in live[i + 1:])
