@@ -245,7 +245,7 @@ def test_same_seed_same_batches_and_init_for_every_arm(tmp_path, monkeypatch):
     monkeypatch.setattr(data_mod, "Batches", Recording)
     monkeypatch.setattr(importlib.import_module("nbrgc.trainer"), "Model", RecordingModel)
     st = _study(tmp_path, arms=["bp", "rgc-sync", "rgc-async"], steps=4, phase="sweep")
-    monkeypatch.setattr(fp_mod, "scheme_fingerprint", lambda m, tc: "fixed")  # no float64 models
+    monkeypatch.setattr(fp_mod, "scheme_fingerprint", lambda m, tc: "fixed-" + tc.mode)  # no float64 models
     st.run()
     # sweep: 3 arms x 3 lrs on seed 0, 1 step each (4 * 0.25)
     assert len(drawn) == 9 and len(inits) == 9
@@ -355,3 +355,21 @@ def test_study_end_to_end_with_two_jobs(tmp_path):
     assert p.returncode == 0 and " start " not in p.stderr.decode()
     assert _results(out) == before
     assert json.loads((out / "study.json").read_text())["computed_this_call"] == []
+
+
+def test_twin_arms_are_computed_once_and_train_the_same_bits(tmp_path):
+    """rgc-async-s0 and rgc-sync have one fingerprint at one thread: the study runs rgc-sync's runs
+    and copies them, and a study of rgc-async-s0 alone (no twin to copy from) trains the same bits."""
+    kw = dict(seeds=[0], phase="sweep", threads=1)
+    st = _study(tmp_path, name="both", arms=["bp", "rgc-sync", "rgc-async-s0"], **kw)
+    rep = st.run()
+    assert st.twin_of("rgc-async-s0") == "rgc-sync" and st.twin_of("rgc-sync") is None
+    assert not any("rgc-async-s0" in n for n in rep["computed_this_call"])
+    res = {p.name: json.loads(p.read_text()) for p in Path(st.out, "results").glob("*.json")}
+    for lr in ("0.001", "0.002", "0.004"):
+        copy, src = res[f"sweep-rgc-async-s0-s0-lr{lr}.json"], res[f"sweep-rgc-sync-s0-lr{lr}.json"]
+        assert copy["twin_of"] == "rgc-sync" and copy["val_bpb"] == src["val_bpb"]
+    assert _study(tmp_path, name="x", arms=["rgc-sync", "rgc-async-s0"], **dict(kw, threads=2)).twin_of(
+        "rgc-async-s0") is None  # other thread groups: not the same calls
+    alone = _study(tmp_path, name="alone", arms=["bp", "rgc-async-s0"], **kw).run()
+    assert alone["arms"]["rgc-async-s0"]["sweep"]["val_bpb"] == rep["arms"]["rgc-async-s0"]["sweep"]["val_bpb"]

@@ -154,6 +154,38 @@ class Study:
         """The TrainConfig an arm's fingerprint is computed from (a run's child checks it again)."""
         return train_config(arm, self.base, self.seeds[0], self.sweep_lrs[0], self.steps, self.eval_every)
 
+    def twin_of(self, arm):
+        """The first earlier arm whose numerics fingerprint equals ``arm``'s, or None. Such arms train
+        the same bits (rgc-async with S = 0 and rgc-sync at one thread run the same calls on the same
+        shapes: tests/test_schemes.py), so their runs are computed once and the result copied."""
+        fps = self.fingerprints or {}
+        if self.base["threads"] != 1:  # the fingerprint runs one thread; groups of more split sums
+            return None
+        for other in self.arms:
+            if other == arm:
+                return None
+            if fps.get(other) is not None and fps.get(other) == fps.get(arm):
+                return other
+        return None
+
+    def _fill_twins(self, todo):
+        """Copy the finished results of twin arms into the missing ones; returns the names still
+        waiting on their twin (not to be started)."""
+        waiting = set()
+        for t in todo:
+            src_arm = self.twin_of(t["arm"])
+            if src_arm is None:
+                continue
+            src = self.result(self.task(t["phase"], src_arm, t["seed"], t["lr"]))
+            if src is None:
+                waiting.add(t["name"])
+                continue
+            res = dict(src, key=t["key"], name=t["name"], arm=t["arm"], twin_of=src_arm, this_call_s=0.0)
+            os.makedirs(os.path.dirname(t["result"]), exist_ok=True)
+            write_json_atomic(t["result"], res)
+            self.log(f"  {t['name']}: the same numerics fingerprint as {src_arm}: its result copied")
+        return waiting
+
     def code_version(self):
         fps = self.fingerprints or {}
         return hashlib.sha256(json.dumps(fps, sort_keys=True).encode()).hexdigest()[:16]
@@ -284,8 +316,10 @@ class Study:
             while True:
                 tasks, _ = self.tasks()
                 todo = [t for t in tasks if self.result(t) is None]
+                twins_waiting = self._fill_twins(todo)
+                todo = [t for t in todo if self.result(t) is None]
                 ready = [t for t in todo if t["name"] not in self._procs and t["name"] not in failed
-                         and t["name"] not in busy]
+                         and t["name"] not in busy and t["name"] not in twins_waiting]
                 if self._stop is None and ready and len(self._procs) < max(1, self.jobs):
                     t = ready[0]
                     n_done = len(tasks) - len(todo)

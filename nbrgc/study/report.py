@@ -146,6 +146,11 @@ def build(st, computed=()):
            "margin": st.margin, "conf": st.conf, "runs": {"done": n_done, "known": n_known},
            "command": st.command, "machine": machine, "machine_line": machine_line(machine),
            "computed_this_call": list(computed), "notes": []}
+    for a in arms:
+        twin = st.twin_of(a)
+        if twin is not None:
+            rep["notes"].append(f"{a} has {twin}'s numerics fingerprint (at one thread they run the same "
+                                f"calls on the same shapes, bit for bit): its runs are {twin}'s, copied")
     waiting = [a for a, e in arms.items() if not e["sweep"]["complete"]]
     if waiting:
         rep["notes"].append(f"the sweep is not complete for {', '.join(waiting)}: their main runs "
