@@ -158,6 +158,8 @@ def test_sample_zero_bytes_and_empty_prompt(tmp_path):
     ["--no-such-flag"],
     ["--dataset", "no/such/file.txt"],
     ["--resume"],
+    ["--consensus", "mean"],
+    ["--stage-init", "zero"],
 ])
 def test_train_flag_errors(args):
     msg = one_line_error(run("train", "--quiet", "--steps", "2", *args))
@@ -353,3 +355,11 @@ def test_load_model_errors(tmp_path):
     ck.save(tmp_path / "b", 1, {"params": np.zeros(10, np.float32)}, {})
     with pytest.raises(CheckpointError, match="model_config"):
         load_model(tmp_path / "b")
+
+
+def test_rgc_variant_flags_reach_the_config():
+    from nbrgc.cli.train import parse
+    _, tc, _ = parse(["--mode", "rgc-async", "--n-stages", "2", "--consensus", "depth", "--stage-init", "identity"])
+    assert (tc.consensus, tc.stage_init) == ("depth", "identity")
+    _, tc, _ = parse([])
+    assert (tc.consensus, tc.stage_init) == ("uniform", "standard")

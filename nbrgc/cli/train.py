@@ -7,6 +7,7 @@ from . import OneLineParser, finite_number, run_main, workers
 
 
 def build_parser():
+    from ..config import CONSENSUS, STAGE_INIT
     p = OneLineParser(prog="nbrgc-train", description=__doc__,
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("data")
@@ -31,6 +32,12 @@ def build_parser():
                         "memory grows with W). auto: one per stage, or, when the thread budget is "
                         "below n_stages, the most workers with equal shares of the stages")
     g.add_argument("--max-staleness", type=int, default=1, help="rgc-async: steps a stage may run ahead")
+    g.add_argument("--consensus", choices=CONSENSUS, default="uniform",
+                   help="rgc: how the stages' decoder gradients combine: uniform average, or depth "
+                        "(stage k weighted (k+1)/sum)")
+    g.add_argument("--stage-init", choices=STAGE_INIT, default="standard",
+                   help="rgc: identity starts the residual output projections of stages 1..K-1 at "
+                        "zero, so each later stage starts as the identity of its input")
     g = p.add_argument_group("budget (the first given wins: --time, --tokens, --steps)")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
     g.add_argument("--tokens", type=int, default=None, help="train on this many tokens")
@@ -102,7 +109,7 @@ def parse(argv=None):
                      threads=a.threads, n_stages=a.n_stages if a.mode != "bp" else 1,
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,
                      max_staleness=a.max_staleness, on_nan=a.on_nan,
-                     keep=a.keep, ckpt_every=a.ckpt_every)
+                     consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":
         from ..config import parse_stage_threads
