@@ -367,10 +367,14 @@ def test_fault_spec_is_validated():
 # --------------------------------------------------------------------------- worker faults
 @pytest.mark.parametrize("stage", [0, 3])
 def test_rgc_async_stage_fault_via_cli_is_one_line_and_prompt(stage):
-    t0 = time.monotonic()
-    p = cli(*ASYNC4, "--steps", 50, "--eval-every", 100, env={"NBRGC_FAULT": f"raise:{stage}:5"}, timeout=60)
+    # Prompt means: nothing trains past the fault (step t reads decoder version t - S, which needs
+    # every stage's step t - S - 1, so no step after the failed one can complete), and the run ends
+    # rather than waiting on the failed stage (the timeout catches a hang). No clock is asserted.
+    p = cli(*ASYNC4, "--steps", 50, "--eval-every", 100, "--json", "--log-every", 1,
+            env={"NBRGC_FAULT": f"raise:{stage}:5"}, timeout=120)
     assert_one_line_error(p, f"stage {stage} failed: RuntimeError: injected fault in stage {stage} at step 5")
-    assert time.monotonic() - t0 < 30  # start-up included; the fault itself ends the run at once
+    logged = [json.loads(x)["step"] for x in p.stdout.splitlines() if x.startswith("{") and '"loss"' in x]
+    assert max(logged, default=0) <= 5, logged  # steps 0..4 (logged as 1..5) at most
 
 
 def test_rgc_async_stage_fault_in_process_leaves_no_thread():

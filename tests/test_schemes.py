@@ -293,7 +293,9 @@ def _faulty_run(text, k0, t0, S, cfg, K, exc_type=Injected, W=0):
     caught = time.monotonic()
     err = ei.value
     assert "t" in when, "the hook never fired"
-    assert caught - when["t"] < 5.0, f"StageError took {caught - when['t']:.1f}s"
+    # a hang guard (the run has t0 + 4 steps, so a failure that woke nobody would wait forever),
+    # generous for a loaded machine; not a speed claim
+    assert caught - when["t"] < 60.0, f"StageError took {caught - when['t']:.1f}s"
     assert err.stage == k0
     assert f"stage {k0}" in str(err)
     assert isinstance(err.cause, exc_type) and err.__cause__ is err.cause

@@ -26,7 +26,8 @@ MODES = {
     "rgc-sync": ["--mode", "rgc-sync", "--n-stages", "2"],
     "rgc-async": ["--mode", "rgc-async", "--n-layer", "4", "--n-stages", "4", "--stage-threads", "1,1,1,1"],
 }
-STOP_WITHIN_S = 8.0  # signal -> exit, checkpoint and final evaluation included (a loaded machine)
+STOP_WITHIN_S = 60.0  # a hang guard, not a speed claim: signal -> exit, checkpoint and final evaluation
+# included, on a loaded machine; what is asserted is that the run stops at a step with its checkpoint
 
 
 def _env():
