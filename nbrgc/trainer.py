@@ -330,6 +330,9 @@ class Trainer:
             summary["stage_threads"] = scheme.groups
             summary["stage_workers"] = scheme.W
             summary["pipeline_buffers_mib"] = scheme.buffer_bytes() / 2**20
+            prof = scheme.stage_profile()  # since the workers started: the whole run (they persist)
+            summary["stage_busy_frac"] = prof["busy_frac"]
+            summary["stage_wait_s"] = prof["wait_s"]
         self.emit(summary)
         self.info(f"done: val bpb {summary['val_bpb'] if summary['val_bpb'] is None else round(summary['val_bpb'], 4)}"
                   f", {summary['tokens']:,} tokens in {wall:.1f} s, {summary['tokens_per_s']:.0f} tokens/s "
