@@ -223,10 +223,6 @@ class Model:
                    _plan(), ws.dg, ws.dln, ws.dln2, ws.pscr)
         return ws.dcur
 
-    def decoder_params(self):
-        lo, hi = self.layout.decoder_range
-        return self.flat[lo:hi]
-
     def decoder_loss_and_grad(self, h, y, ws, gdec=None, pdec=None):
         """Mean next-byte loss of the shared decoder on ``h``; accumulates decoder gradients into
         ``gdec`` (flat decoder slice; default the model's) and returns (loss, dL/dh in ws.dh).
@@ -280,5 +276,3 @@ class Model:
         decoder_logits(self.flat[lo:hi], h, ws.lnf, ws.mf, ws.rf, ws.logits, _threads())
         return ws.logits.reshape(x.shape[0], x.shape[1], -1).copy()
 
-    def state_arrays(self):
-        return {"params": self.flat}

@@ -7,9 +7,7 @@ step count (asynchronous stages advance independently).
 """
 import math
 
-import numpy as np
-
-from .kernels.adamw import adamw_update, sumsq
+from .kernels.adamw import adamw_update
 
 
 class AdamW:
@@ -26,10 +24,6 @@ class AdamW:
         self.t += 1
         adamw_update(self.P if P is None else P, self.G if G is None else G, self.M, self.V,
                      self.mask, lr, self.beta1, self.beta2, self.eps, self.wd, self.t, gscale)
-
-
-def grad_sumsq(G):
-    return float(sumsq(G))
 
 
 def clip_scale(sq, max_norm):
@@ -50,6 +44,3 @@ def lr_at(step, tc):
     floor = tc.lr * tc.min_lr_frac
     return floor + 0.5 * (tc.lr - floor) * (1.0 + math.cos(math.pi * progress))
 
-
-def new_state(size, dtype=np.float32):
-    return np.zeros(size, dtype), np.zeros(size, dtype)
