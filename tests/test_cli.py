@@ -363,3 +363,14 @@ def test_rgc_variant_flags_reach_the_config():
     assert (tc.consensus, tc.stage_init) == ("depth", "identity")
     _, tc, _ = parse([])
     assert (tc.consensus, tc.stage_init) == ("uniform", "standard")
+
+
+def test_train_help_shows_every_flag_with_help_and_real_defaults():
+    from nbrgc.cli.train import build_parser
+    p = build_parser()
+    for a in p._actions:
+        if a.option_strings and a.dest != "help":
+            assert a.help, f"{a.option_strings[0]} has no help line"
+    text = p.format_help()
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(default: 300)" in text and "(default: 5% of steps)" in text and "(default: auto)" in text

@@ -5,6 +5,17 @@ import sys
 from ..errors import NbrgcError
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Shows a flag's real default: the value when it is one, nothing when the help line already
+    says what the default is (``auto``, ``5% of steps``, the preset's)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if "default" in h or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return h
+        return (h + " " if h else "") + "(default: %(default)s)"
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one ``error:`` line and exit 2 (no usage dump)."""
 

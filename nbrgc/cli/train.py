@@ -3,22 +3,22 @@ import argparse
 import os
 import sys
 
-from . import OneLineParser, finite_number, run_main, workers
+from . import DefaultsFormatter, OneLineParser, finite_number, run_main, workers
 
 
 def build_parser():
     from ..config import CONSENSUS, STAGE_INIT
     p = OneLineParser(prog="nbrgc-train", description=__doc__,
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                formatter_class=DefaultsFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", "--data", dest="dataset", default="default",
                    help="enwik8 | tinystories | default (bundled, offline) | text:PATH | a file path")
-    g.add_argument("--data-dir", default=None, help="download/cache folder (env NBRGC_DATA, "
-                   "default ~/.cache/nbrgc)")
+    g.add_argument("--data-dir", default=None, help="download/cache folder (default: $NBRGC_DATA, "
+                   "else ~/.cache/nbrgc)")
     g = p.add_argument_group("model")
     g.add_argument("--config", default="tiny", help="preset: tiny | small | paper")
     for name in ("n-layer", "d-model", "n-head", "ctx"):
-        g.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
+        g.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name} (default: the preset's)")
     g = p.add_argument_group("scheme")
     g.add_argument("--mode", default="bp", help="bp | rgc-sync | rgc-async")
     g.add_argument("--n-stages", type=int, default=4, help="RGC stages (must divide n_layer)")
@@ -30,7 +30,8 @@ def build_parser():
     g.add_argument("--stage-workers", type=workers, default=0,
                    help="rgc-async: worker threads the stages share (stage k on worker k mod W; "
                         "memory grows with W). auto: one per stage, or, when the thread budget is "
-                        "below n_stages, the most workers with equal shares of the stages")
+                        "below n_stages, the most workers with equal shares of the stages "
+                        "(default: auto)")
     g.add_argument("--max-staleness", type=int, default=1, help="rgc-async: steps a stage may run ahead")
     g.add_argument("--consensus", choices=CONSENSUS, default="uniform",
                    help="rgc: how the stages' decoder gradients combine: uniform average, or depth "
@@ -39,32 +40,34 @@ def build_parser():
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
                         "zero, so each later stage starts as the identity of its input")
     g = p.add_argument_group("budget (the first given wins: --time, --tokens, --steps)")
-    g.add_argument("--steps", type=int, default=None, help="optimizer steps (default 300)")
-    g.add_argument("--tokens", type=int, default=None, help="train on this many tokens")
-    g.add_argument("--time", type=finite_number, default=None, help="stop after this many seconds")
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: 300)")
+    g.add_argument("--tokens", type=int, default=None, help="train on this many tokens (sets --steps)")
+    g.add_argument("--time", type=finite_number, default=None, help="stop after this many seconds, with a checkpoint")
     g = p.add_argument_group("optimization")
     g.add_argument("--batch", type=int, default=None, help="sequences per step (default: preset's)")
-    g.add_argument("--seq", type=int, default=0, help="sequence length (0: ctx)")
-    g.add_argument("--lr", type=finite_number, default=1e-3)
-    g.add_argument("--min-lr-frac", type=finite_number, default=0.1)
+    g.add_argument("--seq", type=int, default=0, help="sequence length (default: 0, the preset's ctx)")
+    g.add_argument("--lr", type=finite_number, default=1e-3, help="peak learning rate (AdamW)")
+    g.add_argument("--min-lr-frac", type=finite_number, default=0.1,
+                   help="the cosine schedule ends at lr times this")
     g.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 5%% of steps)")
-    g.add_argument("--weight-decay", type=finite_number, default=0.1)
-    g.add_argument("--grad-clip", type=finite_number, default=1.0, help="0 disables")
-    g.add_argument("--on-nan", default="stop", help="stop | skip")
+    g.add_argument("--weight-decay", type=finite_number, default=0.1,
+                   help="AdamW decoupled weight decay")
+    g.add_argument("--grad-clip", type=finite_number, default=1.0, help="clip the gradient norm to this (per stage for RGC); 0 disables")
+    g.add_argument("--on-nan", default="stop", help="on a non-finite loss or gradient: stop with an error, or skip the step")
     g = p.add_argument_group("evaluation and output")
-    g.add_argument("--eval-every", type=int, default=None, help="steps between evaluations")
-    g.add_argument("--eval-batches", type=int, default=8)
-    g.add_argument("--log-every", type=int, default=10)
-    g.add_argument("--out", default=None, help="run folder: checkpoints, log.jsonl, run.json")
+    g.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: steps/5)")
+    g.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
+    g.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    g.add_argument("--out", default=None, help="run folder: checkpoints, log.jsonl, run.json (default: none, nothing saved)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out")
     g.add_argument("--force", action="store_true", help="start over in an --out that holds a run")
     g.add_argument("--keep", type=int, default=3, help="checkpoints kept")
-    g.add_argument("--ckpt-every", type=int, default=0, help="extra checkpoint interval (steps)")
+    g.add_argument("--ckpt-every", type=int, default=0, help="extra checkpoint interval in steps (0: at evaluations only)")
     g.add_argument("--json", action="store_true", help="JSON lines on stdout (log + summary)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("machine")
-    g.add_argument("--threads", type=int, default=0, help="total thread budget (0: all cores)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=0, help="total thread budget (default: 0, all cores)")
+    g.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
     g.add_argument("--max-memory", type=finite_number, default=None,
                    help="allowed peak memory in MiB (default: what is available)")
     return p
