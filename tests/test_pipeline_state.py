@@ -8,8 +8,6 @@ checkpoints continues the uninterrupted trajectory. The per-stage thread groups 
 (``stage_threads="1"``): the stage-worker count must not change them.
 """
 import glob
-import io
-import json
 import os
 import shutil
 
@@ -22,6 +20,8 @@ from nbrgc.config import ModelConfig, TrainConfig
 from nbrgc.errors import CheckpointError
 from nbrgc.trainer import Trainer
 
+from jsonlines import JsonLines
+
 CFG = ModelConfig(n_layer=4, d_model=32, n_head=2, ctx=16)
 STEPS = 40
 
@@ -32,23 +32,11 @@ def data():
     return load_dataset("default", log=None)
 
 
-class Records(io.StringIO):
+class Records(JsonLines):
     """The JSON lines of a run; optionally asks the trainer to stop once step ``stop_at`` is logged."""
 
     def __init__(self, stop_at=None):
-        super().__init__()
-        self.stop_at, self.trainer, self.records, self._buf = stop_at, None, [], ""
-
-    def write(self, s):
-        self._buf += s
-        while "\n" in self._buf:
-            line, self._buf = self._buf.split("\n", 1)
-            if line.strip():
-                rec = json.loads(line)
-                self.records.append(rec)
-                if self.stop_at is not None and rec.get("step") == self.stop_at and "loss" in rec:
-                    self.trainer.request_stop("test stop")
-        return len(s)
+        super().__init__(None if stop_at is None else lambda rec: rec.get("step") == stop_at and "loss" in rec)
 
     def losses(self):
         return {r["step"]: r["loss"] for r in self.records if "loss" in r and not r.get("summary")}

@@ -10,7 +10,6 @@ only changes *when* work happens, never what is computed. The stage thread group
 (``stage_threads``), since ``auto`` times the machine and kernels that split reductions over threads
 may round differently with another group size.
 """
-import io
 import json
 import os
 import signal
@@ -28,29 +27,16 @@ from nbrgc.config import TrainConfig, preset
 from nbrgc.data import load_dataset
 from nbrgc.trainer import Trainer
 
+from jsonlines import JsonLines
+
 REPO = Path(__file__).resolve().parents[1]
 N, K, EVERY = 12, 8, 4
 
 
-class StopStream(io.StringIO):
-    """Collects the JSON lines; asks the trainer to stop at the evaluation of step ``stop_at``."""
-
-    def __init__(self, stop_at=None):
-        super().__init__()
-        self.stop_at, self.trainer, self.records, self._buf = stop_at, None, [], ""
-
-    def write(self, s):
-        self._buf += s
-        while "\n" in self._buf:
-            line, self._buf = self._buf.split("\n", 1)
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            self.records.append(rec)
-            if (self.stop_at is not None and not rec.get("summary") and "loss" not in rec
-                    and rec.get("step") == self.stop_at):
-                self.trainer.request_stop("test stop")
-        return len(s)
+def StopStream(stop_at=None):
+    """The JSON lines; asks the trainer to stop at the evaluation of step ``stop_at``."""
+    return JsonLines(None if stop_at is None else lambda rec: (
+        not rec.get("summary") and "loss" not in rec and rec.get("step") == stop_at))
 
 
 @pytest.fixture(scope="module")
