@@ -31,11 +31,11 @@ import json
 import math
 import os
 import re
-import secrets
 import struct
 
 import numpy as np
 
+from .atomic import atomic_open
 from .errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -104,19 +104,6 @@ def _first_difference(key, got, want):
             if g != w:
                 return _first_difference(f"{key}[{i}]", g, w)
     return key, got, want
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return  # platforms that cannot open directories (Windows): nothing to sync
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid):
@@ -217,9 +204,8 @@ def save(out_dir, step, arrays, meta, keep=3, require_finite=True):
         raise CheckpointError(f"{out_dir}: cannot create checkpoint directory: {exc.strerror or exc}") \
             from None
     _clean_temp_files(out_dir)
-    tmp = os.path.join(out_dir, f".ckpt-{step:09d}{SUFFIX}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        with open(tmp, "xb") as f:
+        with atomic_open(path, "wb") as f:  # temporary .ckpt-...nbrgc.tmp-PID-RANDOM: see _TMP_RE
             f.write(head)
             written = 0
             for (name, a), entry in zip(items, table):
@@ -227,22 +213,8 @@ def save(out_dir, step, arrays, meta, keep=3, require_finite=True):
                     f.write(bytes(entry["offset"] - written))
                 f.write(_raw(a))
                 written = entry["offset"] + a.nbytes
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except OSError as exc:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
         raise CheckpointError(f"{path}: cannot write checkpoint: {exc.strerror or exc}") from None
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(out_dir)
     _rotate(out_dir, step, keep)
     return path
 
