@@ -21,9 +21,9 @@ import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from nbrgc import bench  # noqa: E402
+from nbrgc.measure import bench  # noqa: E402
 from nbrgc.config import PRESET_BATCH, TrainConfig, preset  # noqa: E402
-from nbrgc.machine import describe_machine  # noqa: E402
+from nbrgc.measure.machine import describe_machine  # noqa: E402
 
 
 def spec_for(mcfg, tc, threads, rnd, warmup, steps):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import nbrgc  # noqa: F401  (thread-safe threading layer first)
-from nbrgc import bench
+from nbrgc.measure import bench
 from nbrgc.config import preset
 from nbrgc.errors import ConfigError
 
@@ -111,13 +111,13 @@ def test_parsing_and_run_order():
         bench.default_n_stages(6) == 3
     v = bench.plan_variants(["bp", "rgc-async"], ["auto", "2,1"])
     assert [x[0] for x in v] == ["bp", "rgc-async", "rgc-async[2,1]"]
-    v = bench.plan_variants(["rgc-async"], ["auto", "1,1"], bench.parse_stage_workers("auto,2"))
+    v = bench.plan_variants(["rgc-async"], ["auto", "1,1"], bench.parse_worker_sweep("auto,2"))
     assert [x[0] for x in v] == ["rgc-async", "rgc-async[2 workers]", "rgc-async[1,1]",
                                  "rgc-async[1,1; 2 workers]"]
     assert [x[3] for x in v] == [0, 2, 0, 2]
     for bad in ("0", "x", "2,2", "-1"):
         with pytest.raises(ConfigError):
-            bench.parse_stage_workers(bad)
+            bench.parse_worker_sweep(bad)
     v = bench.plan_variants(["bp", "torch"], ["auto"], [0], bench.parse_attention("store,recompute"))
     assert [(x[0], x[4]) for x in v] == [("bp", "store"), ("bp[recompute attention]", "recompute"),
                                          ("torch", "store")]
@@ -131,7 +131,7 @@ def test_parsing_and_run_order():
 
 
 def test_machine_description():
-    from nbrgc.machine import describe_machine, machine_line
+    from nbrgc.measure.machine import describe_machine, machine_line
     d = describe_machine()
     for k in ("cpu", "logical_cores", "usable_cores", "threading_layer", "blas", "versions", "env"):
         assert k in d
@@ -216,7 +216,7 @@ def test_bench_bad_input_is_one_line(args, needle):
 
 
 def test_missing_torch_is_skipped_with_a_note(monkeypatch):
-    import nbrgc.peers as peers
+    import nbrgc.measure.peers as peers
     monkeypatch.setattr(peers, "available", lambda name: (False, "PyTorch is not installed (test)"))
     rep = bench.run_bench(config="tiny", modes=["bp", "torch"], threads=[1], repeats=1,
                           warmup_steps=1, steps=1)
@@ -232,7 +232,7 @@ def test_torch_peer_matches_nbrgc():
     from nbrgc import TrainConfig
     from nbrgc.data import Batches, load_dataset
     from nbrgc.model import Model
-    from nbrgc.peers.torch_peer import TorchPeer
+    from nbrgc.measure.peers.torch_peer import TorchPeer
     from nbrgc.schemes import make_scheme
     mcfg = preset("tiny")
     ds = load_dataset("default", log=None)

@@ -83,7 +83,7 @@ def test_a_bad_setting_is_one_line_from_the_command_line(var, value, words):
 
 
 def test_machine_description_names_the_library_the_gemms_use():
-    from nbrgc.machine import blas_info
+    from nbrgc.measure.machine import blas_info
     users = [b for b in blas_info() if "nbrgc GEMMs" in (b.get("used_by") or "")]
     assert len(users) == 1
     assert blas.choose().loaded_from(users[0]["filepath"])

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats as sst
 
 from nbrgc.errors import NbrgcError
-from nbrgc.stats import (StatsError, bootstrap_ci, noninferiority, relative_gaps, t_interval)
+from nbrgc.measure.stats import (StatsError, bootstrap_ci, noninferiority, relative_gaps, t_interval)
 
 
 def test_relative_gaps_known():

@@ -8,6 +8,7 @@ import importlib
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,11 +18,11 @@ import numpy as np
 import pytest
 
 import nbrgc  # noqa: F401  (thread-safe threading layer first)
-from nbrgc import study
 from nbrgc.config import TrainConfig, preset
 from nbrgc.errors import ConfigError
-from nbrgc.study import fingerprint as fp_mod
-from nbrgc.study import report as rep_mod
+from nbrgc.measure import study
+from nbrgc.measure.study import fingerprint as fp_mod
+from nbrgc.measure.study import report as rep_mod
 
 REPO = Path(__file__).resolve().parents[1]
 LRS = (1e-3, 2e-3, 4e-3)
@@ -212,7 +213,7 @@ def test_fingerprint_tells_the_variants_apart():
 
 
 def test_fingerprint_is_the_same_on_openblas_haswell_kernels():
-    code = ("import nbrgc; from nbrgc.study import fingerprint as f, train_config; "
+    code = ("import nbrgc; from nbrgc.measure.study import fingerprint as f, train_config; "
             "from nbrgc.config import preset; m = preset('small'); "
             "print(*[f.scheme_fingerprint(m, train_config(a, dict(batch=16, n_stages=4), 0, 1e-3, 500,"
             " 20)) for a in ('bp', 'rgc-async')])")
@@ -280,7 +281,7 @@ def test_results_reused_and_recomputed_when_the_numerics_change(tmp_path, monkey
 
 def test_a_run_refuses_code_that_computes_differently(tmp_path):
     from nbrgc.errors import NbrgcError
-    from nbrgc.study.runner import run_one
+    from nbrgc.measure.study.runner import run_one
     st = _study(tmp_path)
     st._data_key = st.data_key()
     st.fingerprints = st.compute_fingerprints()
@@ -373,3 +374,33 @@ def test_twin_arms_are_computed_once_and_train_the_same_bits(tmp_path):
         "rgc-async-s0") is None  # other thread groups: not the same calls
     alone = _study(tmp_path, name="alone", arms=["bp", "rgc-async-s0"], **kw).run()
     assert alone["arms"]["rgc-async-s0"]["sweep"]["val_bpb"] == rep["arms"]["rgc-async-s0"]["sweep"]["val_bpb"]
+
+
+# ------------------------------------------------------------------------------------------ stored keys
+def _stored_studies():
+    return sorted(p for p in (REPO / "benchmarks" / "studies").glob("*/study.json")
+                  if any((p.parent / "results").glob("*.json")))
+
+
+@pytest.mark.skipif(not _stored_studies(), reason="no study results in benchmarks/studies/")
+@pytest.mark.parametrize("report", _stored_studies(), ids=lambda p: p.parent.name)
+def test_stored_results_have_the_keys_this_code_computes(report):
+    """A long study reuses its result files by key: the study rebuilt from its recorded command by
+    this code computes, for every stored run, the very key (numerics fingerprint included) and file
+    name stored. A refactor or a TrainConfig field that moves a key would silently recompute every
+    run; this catches it."""
+    from nbrgc.cli.study import build_study
+    rep = json.loads(report.read_text())
+    st = build_study(shlex.split(rep["command"])[1:])
+    if not os.path.exists(st.dataset):
+        pytest.skip(f"the study's dataset {st.dataset} is not on this machine")
+    st._data_key = st.data_key()
+    assert st._data_key == rep["data"]
+    stored = {p.name: json.loads(p.read_text()) for p in sorted((report.parent / "results").glob("*.json"))}
+    arms = sorted({r["arm"] for r in stored.values()})
+    st.fingerprints = {a: fp_mod.scheme_fingerprint(st.mcfg, st.fingerprint_config(a)) for a in arms}
+    for name, res in stored.items():
+        task = st.task(res["phase"], res["arm"], res["seed"], res["lr"])
+        assert json.loads(json.dumps(task["key"])) == res["key"], name
+        assert os.path.basename(task["result"]) == name
+        assert st.result(task) is not None, name

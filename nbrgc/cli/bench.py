@@ -74,7 +74,7 @@ def main(argv=None):
 
 
 def _main(argv):
-    from .. import bench
+    from ..measure import bench
     from ..errors import ConfigError
     a = build_parser().parse_args(argv)
     modes = bench.parse_modes(a.modes)
@@ -101,17 +101,19 @@ def _main(argv):
     report = bench.run_bench(
         config=a.config, modes=modes, threads=threads, repeats=a.repeats, warmup_steps=a.warmup_steps,
         steps=a.steps, batch=a.batch, seq=a.seq, n_stages=n_stages, stage_groups=groups,
-        stage_workers=bench.parse_stage_workers(a.stage_workers),
+        stage_workers=bench.parse_worker_sweep(a.stage_workers),
         attention=bench.parse_attention(a.attention),
         max_staleness=a.max_staleness, dataset=a.dataset, data_dir=a.data_dir, seed=a.seed,
         gemm_peak=a.gemm_peak, gemm_shape=_gemm_shape(a.gemm_shape) if a.gemm_shape else None,
         timeout=a.timeout, log=log, kernel_profile=a.kernel_profile,
         model_overrides=dict(n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head, ctx=a.ctx))
     if plot_path:
-        if bench.plot(report, plot_path):
+        from ..measure.plot import EXTRA_HINT, PlotUnavailable, plot_bench
+        try:
+            plot_bench(report, plot_path)
             report["plot"] = plot_path
-        else:
-            report["notes"].append("matplotlib is not installed: no plot (pip install matplotlib)")
+        except PlotUnavailable:
+            report["notes"].append(f"matplotlib is not installed: no plot ({EXTRA_HINT})")
     if a.out:
         bench.write_json(report, a.out)
     sys.stdout.write(bench.markdown(report))

@@ -102,11 +102,12 @@ def main(argv=None):
     return run_main(_main, argv)
 
 
-def _main(argv):
-    from .. import study
+def build_study(argv):
+    """The Study the command line ``argv`` describes, checked, nothing run or written (also how a
+    test rebuilds a finished study's keys from its recorded command)."""
     from ..errors import ConfigError
+    from ..measure import study
     from ..threads import cpu_count
-    argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
     arms = study.parse_arms(a.arms)
     seeds = study.parse_seeds(a.seeds)
@@ -139,6 +140,13 @@ def _main(argv):
                      n_stages=a.n_stages, threads=a.threads, jobs=a.jobs, work=a.work, phase=a.phase,
                      test_bytes=a.test_bytes, plot=not a.no_plot, verbose=a.verbose,
                      command="bin/nbrgc-study " + shlex.join(argv))
+    return st
+
+
+def _main(argv):
+    from ..measure import study
+    argv = list(sys.argv[1:] if argv is None else argv)
+    st = build_study(argv)
     try:
         report = st.run()
     except study.StudyInterrupted as exc:

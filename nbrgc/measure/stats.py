@@ -10,7 +10,7 @@ import math
 import numpy as np
 from scipy import stats as _st
 
-from .errors import NbrgcError
+from ..errors import NbrgcError
 
 
 class StatsError(NbrgcError, ValueError):

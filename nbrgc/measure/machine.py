@@ -1,6 +1,6 @@
 """A description of the machine a benchmark or study ran on, for the JSON next to its figures.
 
-    from nbrgc.machine import describe_machine, machine_line
+    from nbrgc.measure.machine import describe_machine, machine_line
     desc = describe_machine()     # dict: cpu, cores, memory, threading layer, BLAS, versions, env
     print(machine_line(desc))     # one line for a Markdown report
 
@@ -74,7 +74,7 @@ def blas_info():
     keep = ("user_api", "internal_api", "prefix", "version", "architecture", "threading_layer",
             "num_threads", "filepath")
     try:
-        from .blas import choose
+        from ..blas import choose
         gemm_blas = choose()
     except Exception:  # noqa: BLE001
         gemm_blas = None
@@ -94,15 +94,15 @@ def blas_info():
 
 def describe_machine():
     """A JSON-serialisable dict describing this machine and the software the figures came from."""
-    from .threads import cpu_count
+    from ..threads import cpu_count
     try:
         import numba
-        from .threads import select_layer
+        from ..threads import select_layer
         layer = select_layer()
         numba_threads = numba.config.NUMBA_NUM_THREADS
     except Exception as exc:  # noqa: BLE001
         layer, numba_threads = f"unavailable ({exc})", None
-    from . import __version__
+    from .. import __version__
     cpu = _cpuinfo()
     return {
         "cpu": cpu,

@@ -8,12 +8,12 @@ complete pairs. A main run of an arm starts as soon as that arm's sweep is compl
 is the one with the lowest final validation bpb; with ``extend_sweep`` a best lr at the edge of the
 grid adds the next grid point beyond it, up to that many times per arm).
 
-Each run is a child process (``python -m nbrgc.study SPEC``, see :mod:`nbrgc.study.runner`), ``jobs`` at a time, each at
-``threads`` threads, in its own Trainer run folder under ``work`` (checkpoints at every evaluation,
+Each run is a child process (``python -m nbrgc.measure.study SPEC``, see
+:mod:`nbrgc.measure.study.runner`), ``jobs`` at a time, each at ``threads`` threads, in its own Trainer run folder under ``work`` (checkpoints at every evaluation,
 resumed from the newest). A finished run's result is a small JSON file in ``OUT/results/`` whose
 ``key`` holds everything that determines it (arm, phase, seed, lr, model and training configs, the
 dataset's bytes, the test protocol and the arm's numerics fingerprint, see
-:mod:`nbrgc.study.fingerprint`); a later invocation reuses every result whose key matches and
+:mod:`nbrgc.measure.study.fingerprint`); a later invocation reuses every result whose key matches and
 computes only what is missing. SIGINT/SIGTERM stop the children at a checkpoint; running the same
 command again resumes them.
 """
@@ -26,11 +26,11 @@ import subprocess
 import sys
 import time
 
-from ..errors import ConfigError, NbrgcError
+from ...atomic import write_json
+from ...errors import ConfigError, NbrgcError
 from . import fingerprint as fp_mod
 from .arms import ARMS, BASE, train_config
-from .runner import (EXIT_BUSY, EXIT_OK, EXIT_STOPPED, RunStopped, load_result, run_one,
-                     write_json_atomic)
+from .runner import EXIT_BUSY, EXIT_OK, EXIT_STOPPED, RunStopped, load_result, run_one
 
 PHASES = ("sweep", "main", "all")
 _NOT_IN_KEY = ("log_every", "keep", "ckpt_every", "stage_workers", "attention", "threads",
@@ -68,8 +68,8 @@ class Study:
                  eval_every=None, eval_batches=16, n_stages=None, threads=1, jobs=2, work=None,
                  phase="all", data_dir=None, test_bytes=None, plot=True, log=None, command=None,
                  verbose=False, dataset_obj=None):
-        from ..bench import default_n_stages
-        from ..config import PRESET_BATCH, preset
+        from ..bench.plan import default_n_stages
+        from ...config import PRESET_BATCH, preset
         if not out:
             raise ConfigError("a study needs an output folder (--out DIR)")
         self.out = os.path.abspath(out)
@@ -133,7 +133,7 @@ class Study:
     # ------------------------------------------------------------------ pieces
     def data(self):
         if self._ds is None:
-            from ..data import load_dataset
+            from ...data import load_dataset
             self._ds = load_dataset(self.dataset, data_dir=self.data_dir, log=self.log, seq=self.seq)
         return self._ds
 
@@ -146,7 +146,7 @@ class Study:
                 "sha256": h.hexdigest()[:16], "bytes": [len(ds.train), len(ds.val), len(ds.test)]}
 
     def compute_fingerprints(self):
-        """{arm: numerics fingerprint} of every arm (see :mod:`nbrgc.study.fingerprint`)."""
+        """{arm: numerics fingerprint} of every arm (see :mod:`nbrgc.measure.study.fingerprint`)."""
         return {arm: fp_mod.scheme_fingerprint(self.mcfg, self.fingerprint_config(arm))
                 for arm in self.arms}
 
@@ -182,7 +182,7 @@ class Study:
                 continue
             res = dict(src, key=t["key"], name=t["name"], arm=t["arm"], twin_of=src_arm, this_call_s=0.0)
             os.makedirs(os.path.dirname(t["result"]), exist_ok=True)
-            write_json_atomic(t["result"], res)
+            write_json(t["result"], res)
             self.log(f"  {t['name']}: the same numerics fingerprint as {src_arm}: its result copied")
         return waiting
 
@@ -252,12 +252,13 @@ class Study:
     def _start(self, task):
         os.makedirs(task["work"], exist_ok=True)
         spec_path = os.path.join(task["work"], "spec.json")
-        write_json_atomic(spec_path, {k: v for k, v in task.items()})
+        write_json(spec_path, {k: v for k, v in task.items()})
         logf = open(os.path.join(task["work"], "child.log"), "a")
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import nbrgc
+        root = os.path.dirname(os.path.dirname(os.path.abspath(nbrgc.__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-        proc = subprocess.Popen([sys.executable, "-m", "nbrgc.study", spec_path],
+        proc = subprocess.Popen([sys.executable, "-m", "nbrgc.measure.study", spec_path],
                                 stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         logf.close()
         return proc

@@ -39,7 +39,7 @@ def synthetic_bytes(n=8192, seed=20240513):
 
 def _schedule_points(tc):
     """The run's own learning-rate schedule at 21 points of its budget (warm-up, peak, cosine)."""
-    from ..optim import lr_at
+    from ...optim import lr_at
     pts = sorted({min(tc.steps - 1, round(i * (tc.steps - 1) / 20)) for i in range(21)} |
                  {max(0, tc.warmup - 1), tc.warmup})
     return [[int(s), _r(lr_at(s, tc) / tc.lr)] for s in pts if 0 <= s < tc.steps]
@@ -47,9 +47,9 @@ def _schedule_points(tc):
 
 def _identity_init():
     try:
-        from ..local import identity_init
+        from ...local import identity_init
     except ImportError:
-        from ..errors import ConfigError
+        from ...errors import ConfigError
         raise ConfigError("stage_init identity is not implemented in this code (no "
                           "nbrgc.local.identity_init): leave the identity arms out of --arms") from None
     return identity_init
@@ -57,13 +57,13 @@ def _identity_init():
 
 def scheme_figures(mcfg, tc):
     """The rounded figures the fingerprint hashes (a dict; see the module docstring)."""
-    from ..data import Batches, eval_batches
-    from ..evaluate import evaluate, sliding_bpb
-    from ..local import split_stages
-    from ..model import Model
-    from ..optim import lr_at
-    from ..schemes import make_scheme
-    from ..threads import set_threads
+    from ...data import Batches, eval_batches
+    from ...evaluate import evaluate, sliding_bpb
+    from ...local import split_stages
+    from ...model import Model
+    from ...optim import lr_at
+    from ...schemes import make_scheme
+    from ...threads import set_threads
     seq = min(FP_SEQ, mcfg.ctx)
     ftc = replace(tc, steps=FP_STEPS, batch=FP_BATCH, seq=seq, warmup=1, eval_every=FP_DRAIN_AT,
                   threads=1, stage_threads="auto", stage_workers=0, ckpt_every=0, seed=0, lr=2e-3)
@@ -110,14 +110,14 @@ def scheme_fingerprint(mcfg, tc):
 
 
 def main(argv=None):
-    """``python -m nbrgc.study.fingerprint [preset]``: every arm's fingerprint on a preset (to compare
+    """``python -m nbrgc.measure.study.fingerprint [preset]``: every arm's fingerprint on a preset (to compare
     machines or BLAS kernels, e.g. under OPENBLAS_CORETYPE=Haswell)."""
     import sys
-    from ..config import PRESET_BATCH, preset
+    from ...config import PRESET_BATCH, preset
     from .arms import ARMS, train_config
     name = (argv if argv is not None else sys.argv[1:]) or ["tiny"]
     mcfg = preset(name[0])
-    from ..bench import default_n_stages
+    from ..bench.plan import default_n_stages
     base = dict(batch=PRESET_BATCH.get(name[0], 8), n_stages=default_n_stages(mcfg.n_layer))
     for arm in ARMS:
         print(arm, scheme_fingerprint(mcfg, train_config(arm, base, 0, 1e-3, 1000, 40)))

@@ -10,7 +10,7 @@ PyTorch is imported only inside these functions; nothing else in nbrgc needs it.
     peer = TorchPeer(mcfg, tc, threads=2, seed=0)   # weights copied from nbrgc.Model(mcfg, seed)
     loss = peer.step(x, y, lr)                       # one optimizer step on int32 (B, T) arrays
 """
-from ..errors import NbrgcError
+from ...errors import NbrgcError
 
 
 def _torch():
@@ -78,7 +78,7 @@ def build_model(mcfg, seed=0):
     """A ``ByteGPT`` holding exactly the weights of ``nbrgc.Model(mcfg, seed)`` (fp32)."""
     torch = _torch()
     import numpy as np
-    from ..model import Model
+    from ...model import Model
     (ByteGPT,) = _classes()
     src = Model(mcfg, seed=seed).params  # numpy init only; no kernel runs
     net = ByteGPT(mcfg).float()

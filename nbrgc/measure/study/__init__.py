@@ -1,13 +1,14 @@
 """The convergence study behind ``nbrgc-study``: is bounded-horizon RGC non-inferior to backprop at
 a margin, with every arm at its own tuned learning rate and backprop converged?
 
-* :mod:`~nbrgc.study.arms`: the arms (bp, rgc-sync, rgc-async, S = 0 and the variants) as
+* :mod:`~nbrgc.measure.study.arms`: the arms (bp, rgc-sync, rgc-async, S = 0 and the variants) as
   TrainConfig overrides, and the parsing of arms, seeds and learning rates.
-* :mod:`~nbrgc.study.fingerprint`: the numerics version in every run's cache key.
-* :mod:`~nbrgc.study.protocol`: the plan (sweep, then paired main runs), the child processes, the
+* :mod:`~nbrgc.measure.study.fingerprint`: the numerics version in every run's cache key.
+* :mod:`~nbrgc.measure.study.protocol`: the plan (sweep, then paired main runs), the child processes, the
   cache of results, resumption and signals.
-* :mod:`~nbrgc.study.runner`: one run in its own process (train or resume, score the test split).
-* :mod:`~nbrgc.study.report` and :mod:`~nbrgc.study.curves`: study.json, study.md, curves.png.
+* :mod:`~nbrgc.measure.study.runner`: one run in its own process (train or resume, score the test split).
+* :mod:`~nbrgc.measure.study.report`: study.json, study.md and curves.png (drawn by
+  :mod:`nbrgc.measure.plot`).
 """
 from .arms import ARMS, BASE, parse_arms, parse_lrs, parse_seeds, train_config
 from .protocol import PHASES, Study, StudyInterrupted, best_of

@@ -15,8 +15,8 @@ interpolation between evaluations) and ``v_end`` the final one; their mean must 
 import math
 import os
 
+from ...atomic import write_json, write_text
 from .arms import ARMS, BASE
-from .runner import write_json_atomic
 
 REPORT_FILE, MARKDOWN_FILE, CURVES_FILE = "study.json", "study.md", "curves.png"
 CONVERGED_BELOW = 0.01
@@ -240,16 +240,13 @@ def markdown(rep):
 
 def write(rep, out, plot=True):
     """study.json, study.md and (with ``plot`` and matplotlib) curves.png in ``out``."""
-    from .curves import plot_study
+    from ..plot import PlotUnavailable, plot_study
     if plot:
-        path = plot_study(rep, os.path.join(out, CURVES_FILE))
-        if path is None:
+        try:
+            if plot_study(rep, os.path.join(out, CURVES_FILE), base=BASE) is not None:
+                rep["plot"] = CURVES_FILE
+        except PlotUnavailable:
             rep["notes"].append("curves.png needs matplotlib: pip install 'nbrgc[plot]'")
-        else:
-            rep["plot"] = CURVES_FILE
-    write_json_atomic(os.path.join(out, REPORT_FILE), rep)
-    tmp = os.path.join(out, MARKDOWN_FILE + f".tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(markdown(rep))
-    os.replace(tmp, os.path.join(out, MARKDOWN_FILE))
+    write_json(os.path.join(out, REPORT_FILE), rep)
+    write_text(os.path.join(out, MARKDOWN_FILE), markdown(rep))
     return os.path.join(out, REPORT_FILE)

@@ -6,7 +6,7 @@ not silently change what an arm runs.
 """
 import math
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 BASE = "bp"
 ARMS = {
@@ -78,7 +78,7 @@ def train_config(arm, base, seed, lr, steps, eval_every):
     """The TrainConfig of one run of ``arm``: ``base`` (TrainConfig fields shared by every run, plus
     ``warmup_frac``: the warm-up as a fraction of the run) with the arm's fields, this seed, learning
     rate, budget and evaluation cadence."""
-    from ..config import TrainConfig
+    from ...config import TrainConfig
     if arm not in ARMS:
         raise ConfigError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
     d = {k: v for k, v in base.items() if k != "warmup_frac"}

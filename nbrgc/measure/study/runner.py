@@ -1,4 +1,4 @@
-"""One study run, in its own process: ``python -m nbrgc.study SPEC.json``.
+"""One study run, in its own process: ``python -m nbrgc.measure.study SPEC.json``.
 
 The spec (written by the study) names the arm, phase, seed, learning rate, the full model and
 training configs, the dataset, the run folder and the result file. The run is a normal ``Trainer``
@@ -20,7 +20,9 @@ import os
 import sys
 import time
 
-from ..errors import DivergenceError, NbrgcError
+from ...atomic import write_json
+from ...errors import DivergenceError, NbrgcError
+from ..runlog import val_curve
 
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_BUSY = 0, 2, 3, 4
 _COSMETIC = ("log_every", "keep", "ckpt_every", "stage_workers", "attention")
@@ -32,35 +34,6 @@ class RunStopped(NbrgcError):
 
 class RunBusy(NbrgcError):
     """Another process holds the run folder's lock."""
-
-
-def write_json_atomic(path, obj):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_curve(log_path, tokens_per_step):
-    """[[step, tokens, val_bpb, val_stage_bpb or None]] from a run's log.jsonl (the last record of a
-    step wins, e.g. after a resume; a line cut by an interruption is skipped)."""
-    pts = {}
-    try:
-        with open(log_path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("summary") or rec.get("val_bpb") is None or "step" not in rec:
-                    continue
-                pts[int(rec["step"])] = (float(rec["val_bpb"]), rec.get("val_stage_bpb"))
-    except OSError:
-        return []
-    return [[s, s * tokens_per_step, v, st] for s, (v, st) in sorted(pts.items())]
 
 
 def load_result(path, key):
@@ -79,7 +52,7 @@ def check_numerics(mcfg, spec):
     """Refuse to train when this process's code computes differently from the code the study
     fingerprinted when it started (e.g. a source edited while a long study runs): its result would be
     filed under the wrong numerics version."""
-    from ..config import TrainConfig
+    from ...config import TrainConfig
     from . import fingerprint
     if "fingerprint_config" not in spec:
         return
@@ -93,10 +66,10 @@ def check_numerics(mcfg, spec):
 
 def run_one(spec, log=None):
     """Train (or resume) the run ``spec`` describes, score it and write its result; returns it."""
-    from ..config import ModelConfig, TrainConfig
-    from ..data import load_dataset
-    from ..evaluate import sliding_bpb
-    from ..trainer import Trainer
+    from ...config import ModelConfig, TrainConfig
+    from ...data import load_dataset
+    from ...evaluate import sliding_bpb
+    from ...trainer import Trainer
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     work = spec["work"]
     os.makedirs(work, exist_ok=True)
@@ -125,7 +98,7 @@ def run_one(spec, log=None):
             summary, diverged = None, str(exc)
         if summary is not None and summary.get("stopped"):
             raise RunStopped(f"{summary['stopped']}: checkpointed at step {summary['steps']}")
-        curve = read_curve(os.path.join(work, "log.jsonl"), tc.batch * seq)
+        curve = val_curve(os.path.join(work, "log.jsonl"), tc.batch * seq)
         res = {"key": spec["key"], "name": spec["name"], "arm": spec["arm"], "phase": spec["phase"],
                "seed": spec["seed"], "lr": spec["lr"], "steps": tc.steps,
                "tokens": tc.steps * tc.batch * seq, "code_version": spec["key"]["code_version"],
@@ -146,7 +119,7 @@ def run_one(spec, log=None):
                                                                             "stride", "ctx")}
         res["this_call_s"] = time.perf_counter() - t0
         os.makedirs(os.path.dirname(spec["result"]) or ".", exist_ok=True)
-        write_json_atomic(spec["result"], res)
+        write_json(spec["result"], res)
         return res
     finally:
         lock.close()
@@ -155,7 +128,7 @@ def run_one(spec, log=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m nbrgc.study SPEC.json", file=sys.stderr)
+        print("usage: python -m nbrgc.measure.study SPEC.json", file=sys.stderr)
         return EXIT_ERROR
     try:
         with open(argv[0]) as f:

@@ -1,6 +1,6 @@
 """Peers to benchmark nbrgc against. Each is optional: the package never depends on them.
 
-``torch``: the same architecture and optimizer in eager PyTorch (:mod:`nbrgc.peers.torch_peer`).
+``torch``: the same architecture and optimizer in eager PyTorch (:mod:`nbrgc.measure.peers.torch_peer`).
 """
 import importlib.util
 
