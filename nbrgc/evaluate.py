@@ -15,7 +15,7 @@ LN2 = math.log(2.0)
 
 def stage_losses(model, x, y, stages, ws):
     """Mean loss (nats) at the output of every stage for one batch."""
-    x, y = model._check_xy(x, y)
+    x, y = model.check_batch(x, y)
     h = model.embed(x, ws)
     out = []
     for lo, hi in stages:
@@ -97,7 +97,7 @@ def sliding_bpb(model, data, ctx=None, batch=16, n_bytes=None, progress=False, s
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     B = min(batch, len(wins))
-    ws = model._cached_ws(B, L)
+    ws = model.cached_workspace(B, L)
     x = np.zeros((B, L), np.int32)
     y = np.zeros((B, L), np.int32)
     total, scored = 0.0, 0

@@ -129,7 +129,7 @@ def local_loss_and_grad(model, x, y, n_stages=4, consensus="uniform"):
     loss only, decoder gradients the RGC average over stages (weighted by ``consensus``, see
     :func:`consensus_weights`). With n_stages=1 this is exactly ``model.loss_and_grad``.
     """
-    x, y = model._check_xy(x, y)
+    x, y = model.check_batch(x, y)
     stages = split_stages(model.cfg.n_layer, n_stages)
     B, T = x.shape
     per = stages[0][1] - stages[0][0]

@@ -1,7 +1,7 @@
 """Peak-memory accounting: what a run will allocate (computed before it starts) and what it used."""
+import math
 import os
 import resource
-
 
 
 def peak_rss_mib():
@@ -21,16 +21,11 @@ def available_bytes():
 
 
 def workspace_bytes(cfg, B, T, n_blocks, itemsize, nt, decoder=True, attention="store"):
-    """Bytes of one :class:`~nbrgc.model.Workspace` (mirrors its allocation, aliases counted once)."""
-    d, H, V, N = cfg.d_model, cfg.n_head, cfg.vocab, B * T
-    keep = attention == "store"
-    per_block = N * (1 + 3 + 1 + 1 + 4) * d + 4 * N + (B * H * T * T if keep else 0)
-    wide = max(4 * d if n_blocks else 0, V if decoder else 0, 3 * d if n_blocks else 0)
-    chunks = min(nt, B * H) * T * T  # per-chunk attention buffers: score gradients (+ probabilities)
-    scratch = (N * d * 2 + N * wide + (N * 4 * d + chunks * (1 if keep else 2) if n_blocks else 0)
-               + nt * 2 * d)
-    dec = 3 * N if decoder else 0
-    return itemsize * (N * d + n_blocks * per_block + scratch + dec) + 4 * N * (2 if decoder else 1)
+    """Bytes of one :class:`~nbrgc.model.Workspace`, from the table it allocates from."""
+    from .model import workspace_shapes
+    shapes, ints = workspace_shapes(cfg, B, T, n_blocks, decoder, attention, nt)
+    count = lambda table: sum(math.prod(s) for s in table.values())  # noqa: E731
+    return itemsize * count(shapes) + 4 * count(ints)
 
 
 def estimate(cfg, tc, B, T, nt):

@@ -9,8 +9,8 @@ import numpy as np
 
 from .config import ModelConfig, check_attention
 from .errors import ConfigError
-from .kernels.blocks import (BLOCK_PARAMS, blocks_bwd, blocks_fwd, decoder_fwd, decoder_fwd_bwd,
-                             decoder_logits)
+from .kernels.blocks import (BLOCK_PARAMS, BlockActivations, BlockScratch, blocks_bwd, blocks_fwd,
+                             decoder_fwd, decoder_fwd_bwd, decoder_logits)
 from .kernels.embedding import embedding_bwd, embedding_fwd
 
 DECODER_PARAMS = ("lnf.w", "lnf.b", "head.w", "head.b")
@@ -64,56 +64,85 @@ class Layout:
         return mask
 
 
+def workspace_shapes(cfg, B, T, n, decoder=True, attention="store", nt=1):
+    """The arrays a :class:`Workspace` for ``n`` blocks owns, by name: ({name: shape} in the model's
+    float dtype, {name: shape} in int32). Every other Workspace buffer is a view of these; the
+    memory estimate (:mod:`nbrgc.memory`) sums this table, so it cannot drift from the allocation."""
+    d, H, V, N = cfg.d_model, cfg.n_head, cfg.vocab, B * T
+    k = 1 if n else 0  # scratch is only needed when there are blocks
+    chunks = k * min(nt, B * H)  # the attention kernels' parallel chunks, one (T, T) each
+    store = attention == "store"
+    shapes = {
+        "resid": (n + 1, N, d), "ln1_mean": (n, N), "ln1_rstd": (n, N), "qkv": (n, N, 3 * d),
+        "probs": (n, B, H, T, T) if store else (n, 0, 0, 0, 0),
+        "att_out": (n, N, d), "mid": (n, N, d), "ln2_mean": (n, N), "ln2_rstd": (n, N),
+        "mlp_pre": (n, N, 4 * d),
+        "ln_out": (N, d),
+        "act_scratch": (N * max(4 * d * k, V if decoder else 0),),
+        "grad_scratch": (N * 4 * d * k,),
+        "dprobs": (chunks, T, T), "probs_scratch": (0, T, T) if store else (chunks, T, T),
+        "ln_partials": (nt, 2, d), "dresid": (N, d)}
+    ints = {"tokens": (B, T)}
+    if decoder:
+        shapes.update(lnf_mean=(N,), lnf_rstd=(N,), losses=(N,))
+        ints["targets"] = (N,)
+    return shapes, ints
+
+
 class Workspace:
     """Preallocated activations for blocks lo..hi-1 at batch B, length T (reused every step), plus
     the backward scratch and, optionally, the decoder's buffers. One per concurrent user (a stage
-    worker owns its own)."""
+    worker owns its own).
+
+    ``acts`` (:class:`~nbrgc.kernels.blocks.BlockActivations`) is what the backward reads; ``scratch``
+    (:class:`~nbrgc.kernels.blocks.BlockScratch`) is reused by every block; ``dresid`` carries the
+    gradient of the residual stream down the blocks. The decoder's buffers: ``lnf_out``,
+    ``lnf_mean``, ``lnf_rstd``, ``logits``, ``losses``, ``targets``, and ``dh`` (dL/dh, written
+    straight into ``dresid``).
+    """
 
     def __init__(self, cfg, B, T, lo, hi, dtype, decoder=True, attention="store"):
-        check_attention(attention)
-        d, H, V, n = cfg.d_model, cfg.n_head, cfg.vocab, hi - lo
-        N = B * T
+        n, N, d, V = hi - lo, B * T, cfg.d_model, cfg.vocab
         self.B, self.T, self.lo, self.hi = B, T, lo, hi
-        e = lambda *s: np.zeros(s, dtype)  # noqa: E731
-        self.res = e(n + 1, N, d)
-        self.m1, self.r1, self.m2, self.r2 = e(n, N), e(n, N), e(n, N), e(n, N)
-        self.qkv, self.atty, self.x2, self.pre = e(n, N, 3 * d), e(n, N, d), e(n, N, d), e(n, N, 4 * d)
-        k = 1 if n else 0  # scratch is only needed when there are blocks
-        nt = max(1, numba.config.NUMBA_NUM_THREADS)
-        self.attention = attention
-        if attention == "store":
-            self.probs, self.pscr = e(n, B, H, T, T), e(0, T, T)
-        else:  # recomputed in the backward: a buffer per parallel chunk instead
-            self.probs, self.pscr = e(n, 0, 0, 0, 0), e(k * min(nt, B * H), T, T)
+        self.attention = check_attention(attention)
+        shapes, int_shapes = workspace_shapes(cfg, B, T, n, decoder, attention,
+                                              max(1, numba.config.NUMBA_NUM_THREADS))
+        buf = {k: np.zeros(s, dtype) for k, s in shapes.items()}
+        buf.update({k: np.zeros(s, np.int32) for k, s in int_shapes.items()})
+        self.acts = BlockActivations(**{k: buf[k] for k in BlockActivations._fields})
         # Scratch is aliased wherever lifetimes do not overlap (one block's backward at a time, and
-        # the decoder runs between forward and backward): `ln` also serves as the attention-output
-        # gradient and the decoder's LayerNorm output; one flat buffer holds the GELU activations,
-        # the qkv gradient and the logits; the decoder writes dL/dh straight into `dcur`. A second
-        # wide buffer takes the GELU gradient, then the LN1-output gradient, so that no backward
-        # product writes over its own input and the weight and data gradients can run side by side.
-        self.ln = e(N, d)
-        wide = max(4 * d if n else 0, V if decoder else 0, 3 * d if n else 0)
-        self._wide = e(N * wide)
-        self.g = self._wide[:N * 4 * d].reshape(N, 4 * d) if n else e(0, 4 * d)
-        self.dqkv = self._wide[:N * 3 * d].reshape(N, 3 * d) if n else e(0, 3 * d)
-        self.datt = self.ln
-        self._wide2 = e(N * 4 * d if n else 0)
-        self.dg = self._wide2.reshape(N, 4 * d) if n else e(0, 4 * d)
-        self.dln = self._wide2[:N * d].reshape(N, d) if n else e(0, d)  # LN1-output gradient
-        self.dln2 = self._wide[:N * d].reshape(N, d) if n else e(0, d)  # LN2's, over dead `g`
-        self.dP = e(k * min(nt, B * H), T, T)
-        self.dcur = e(N, d)
-        self.partial = e(nt, 2, d)
-        self.tokens = np.zeros((B, T), np.int32)
+        # the decoder runs between forward and backward): `ln_out` also serves as the
+        # attention-output gradient and the decoder's LayerNorm output; one flat buffer holds the
+        # GELU output, the qkv gradient and the logits; the decoder writes dL/dh straight into
+        # `dresid`. A second buffer takes the GELU gradient, then the LN1-output gradient, so that
+        # no backward product writes over its own input and the weight and data gradients can run
+        # side by side; the LN2-output gradient goes over the GELU output, dead by then.
+        self._act_scratch, self._grad_scratch = buf["act_scratch"], buf["grad_scratch"]
+        wide_a, wide_g, ln_out = buf["act_scratch"], buf["grad_scratch"], buf["ln_out"]
+        view = lambda flat, cols: (flat[:N * cols].reshape(N, cols) if n  # noqa: E731
+                                   else np.zeros((0, cols), dtype))
+        self.scratch = BlockScratch(
+            ln_out=ln_out, gelu_out=view(wide_a, 4 * d), datt=ln_out, dqkv=view(wide_a, 3 * d),
+            dgelu=view(wide_g, 4 * d), dln1=view(wide_g, d), dln2=view(wide_a, d),
+            dprobs=buf["dprobs"], probs_scratch=buf["probs_scratch"], ln_partials=buf["ln_partials"])
+        self.dresid = buf["dresid"]
+        self.tokens = buf["tokens"]
         if decoder:
-            self.lnf, self.mf, self.rf = self.ln, e(N), e(N)
-            self.logits = self._wide[:N * V].reshape(N, V)
-            self.losses, self.dh = e(N), self.dcur
-            self.targets = np.zeros(N, np.int32)
+            self.lnf_out, self.lnf_mean, self.lnf_rstd = ln_out, buf["lnf_mean"], buf["lnf_rstd"]
+            self.logits = wide_a[:N * V].reshape(N, V)
+            self.losses, self.dh = buf["losses"], self.dresid
+            self.targets = buf["targets"]
+
+    @property
+    def resid(self):
+        """(n+1, N, d): the input of block lo, then each block's output."""
+        return self.acts.resid
 
     def nbytes(self):
         """Bytes owned (aliased views counted once)."""
-        owned = {id(v): v for v in vars(self).values() if isinstance(v, np.ndarray) and v.base is None}
+        arrays = [v for v in vars(self).values() if isinstance(v, np.ndarray)]
+        arrays += list(self.acts) + list(self.scratch)
+        owned = {id(v): v for v in arrays if v.base is None}
         return sum(v.nbytes for v in owned.values())
 
 
@@ -170,14 +199,17 @@ class Model:
         hi = self.cfg.n_layer if hi is None else hi
         return Workspace(self.cfg, B, T, lo, hi, self.dtype, decoder, self.attention)
 
-    def _cached_ws(self, B, T):
+    def cached_workspace(self, B, T):
+        """The model's own whole-network Workspace for batch (B, T), kept between calls (one shape
+        at a time) for the whole-model entry points, evaluation and sampling."""
         key = (B, T, self.attention)
         if key not in self._ws:
             self._ws.clear()  # keep one: a different batch shape replaces the old buffers
             self._ws[key] = self.workspace(B, T)
         return self._ws[key]
 
-    def _check_xy(self, x, y=None):
+    def check_batch(self, x, y=None):
+        """(x, y) as arrays, or a one-line ConfigError naming what is wrong with their shape or type."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
             raise ConfigError(f"x must have shape (B, T) with B, T >= 1, got {x.shape}")
@@ -193,10 +225,10 @@ class Model:
 
     # ----------------------------------------------------------------- pieces
     def embed(self, x, ws):
-        """Token + position embedding of ``x`` into ``ws.res[0]``."""
+        """Token + position embedding of ``x`` into ``ws.resid[0]``."""
         ws.tokens[...] = x
-        embedding_fwd(ws.tokens, self.params["wte"], self.params["wpe"], ws.res[0])
-        return ws.res[0]
+        embedding_fwd(ws.tokens, self.params["wte"], self.params["wpe"], ws.resid[0])
+        return ws.resid[0]
 
     def embed_backward(self, ws, dh, grad_flat=None):
         g = self.grads if grad_flat is None else self.layout.views(grad_flat)
@@ -204,24 +236,21 @@ class Model:
 
     def forward_blocks(self, h_in, lo, hi, ws):
         """Run blocks lo..hi-1 on ``h_in`` (B*T, d), saving activations in ``ws``; returns the output."""
-        if h_in is not ws.res[0]:
-            ws.res[0][...] = h_in
-        blocks_fwd(self.flat, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
-                   ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
-                   _threads(), ws.pscr)
-        return ws.res[hi - lo]
+        if h_in is not ws.resid[0]:
+            ws.resid[0][...] = h_in
+        blocks_fwd(self.flat, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.acts,
+                   ws.scratch, _threads())
+        return ws.resid[hi - lo]
 
     def backward_blocks(self, dh_out, lo, hi, ws, grad_flat=None):
         """Backward through blocks lo..hi-1 (after forward_blocks on ``ws``); accumulates their
         parameter gradients into ``grad_flat`` (default: model.grad_flat) and returns dL/d(input)."""
         G = self.grad_flat if grad_flat is None else grad_flat
-        if dh_out is not ws.dcur:
-            ws.dcur[...] = dh_out
-        blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.res,
-                   ws.m1, ws.r1, ws.qkv, ws.probs, ws.atty, ws.x2, ws.m2, ws.r2, ws.pre, ws.ln, ws.g,
-                   ws.datt, ws.dqkv, ws.dP, ws.partial, ws.dcur, _threads(),
-                   _plan(), ws.dg, ws.dln, ws.dln2, ws.pscr)
-        return ws.dcur
+        if dh_out is not ws.dresid:
+            ws.dresid[...] = dh_out
+        blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.acts,
+                   ws.scratch, ws.dresid, _threads(), _plan())
+        return ws.dresid
 
     def decoder_loss_and_grad(self, h, y, ws, gdec=None, pdec=None):
         """Mean next-byte loss of the shared decoder on ``h``; accumulates decoder gradients into
@@ -232,32 +261,32 @@ class Model:
         pdec = self.flat[lo:hi] if pdec is None else pdec
         ws.targets[...] = np.asarray(y).reshape(-1)
         n = ws.targets.shape[0]
-        tot = decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits,
-                              ws.losses, ws.dh, ws.partial, 1.0 / n, _threads(),
-                              _plan())
+        tot = decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd,
+                              ws.logits, ws.losses, ws.dh, ws.scratch.ln_partials, 1.0 / n,
+                              _threads(), _plan())
         return tot / n, ws.dh
 
     def decoder_loss(self, h, y, ws, pdec=None):
         lo, hi = self.layout.decoder_range
         pdec = self.flat[lo:hi] if pdec is None else pdec
         ws.targets[...] = np.asarray(y).reshape(-1)
-        tot = decoder_fwd(pdec, h, ws.targets, ws.lnf, ws.mf, ws.rf, ws.logits, ws.losses,
-                          _threads())
+        tot = decoder_fwd(pdec, h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits,
+                          ws.losses, _threads())
         return tot / ws.targets.shape[0]
 
     # ----------------------------------------------------------------- whole model
     def loss(self, x, y):
         """Mean next-byte cross-entropy in nats."""
-        x, y = self._check_xy(x, y)
-        ws = self._cached_ws(*x.shape)
+        x, y = self.check_batch(x, y)
+        ws = self.cached_workspace(*x.shape)
         h = self.forward_blocks(self.embed(x, ws), 0, self.cfg.n_layer, ws)
         return float(self.decoder_loss(h, y, ws))
 
     def loss_and_grad(self, x, y, zero=True):
         """(loss, grads): grads[name] are views of ``model.grad_flat`` (overwritten unless zero=False,
         which accumulates, e.g. over micro-batches)."""
-        x, y = self._check_xy(x, y)
-        ws = self._cached_ws(*x.shape)
+        x, y = self.check_batch(x, y)
+        ws = self.cached_workspace(*x.shape)
         if zero:
             self.grad_flat[...] = 0.0
         L = self.cfg.n_layer
@@ -269,10 +298,11 @@ class Model:
 
     def logits(self, x):
         """Logits (B, T, vocab) for ``x``."""
-        x, _ = self._check_xy(x)
-        ws = self._cached_ws(*x.shape)
+        x, _ = self.check_batch(x)
+        ws = self.cached_workspace(*x.shape)
         h = self.forward_blocks(self.embed(x, ws), 0, self.cfg.n_layer, ws)
         lo, hi = self.layout.decoder_range
-        decoder_logits(self.flat[lo:hi], h, ws.lnf, ws.mf, ws.rf, ws.logits, _threads())
+        decoder_logits(self.flat[lo:hi], h, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits,
+                       _threads())
         return ws.logits.reshape(x.shape[0], x.shape[1], -1).copy()
 

@@ -17,7 +17,8 @@ import numba
 import numpy as np
 
 from .kernels.attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
-from .kernels.blocks import _copy_add_bias, decoder_fwd_bwd
+from .kernels.blocks import (DOWN_B, DOWN_W, LN1_B, LN1_W, LN2_B, LN2_W, PROJ_B, PROJ_W, QKV_B, QKV_W,
+                            UP_B, UP_W, _copy_add_bias, decoder_fwd_bwd)
 from .kernels.embedding import embedding_bwd, embedding_fwd
 from .kernels.gemm import linear_bwd, linear_fwd, matmul
 from .kernels.layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
@@ -41,65 +42,71 @@ def profiled_loss_and_grad(model, x, y, timer):
     """model.loss_and_grad, kernel by kernel (same kernels, same order, same buffers)."""
     cfg, P, G = model.cfg, model.flat, model.grad_flat
     d, H, L = cfg.d_model, cfg.n_head, cfg.n_layer
-    x, y = model._check_xy(x, y)
+    x, y = model.check_batch(x, y)
     B, T = x.shape
-    ws = model._cached_ws(B, T)
+    ws = model.cached_workspace(B, T)
+    a, s = ws.acts, ws.scratch
     keep = ws.attention == "store"
     nt = numba.get_num_threads()
     offs = model.layout.block_offs
     from .gemm_plan import plan_for
     plan = plan_for()
-    vec = lambda a, o, n: a[o:o + n]  # noqa: E731
-    mat = lambda a, o, r, c: a[o:o + r * c].reshape(r, c)  # noqa: E731
+    vec = lambda t, o, n: t[o:o + n]  # noqa: E731
+    mat = lambda t, o, r, c: t[o:o + r * c].reshape(r, c)  # noqa: E731
     G[...] = 0.0
     ws.tokens[...] = x
-    timer("embedding fwd", embedding_fwd, ws.tokens, model.params["wte"], model.params["wpe"], ws.res[0])
+    timer("embedding fwd", embedding_fwd, ws.tokens, model.params["wte"], model.params["wpe"], a.resid[0])
     for i in range(L):
         o = offs[i]
-        timer("layernorm fwd", layernorm_fwd, ws.res[i], vec(P, o[0], d), vec(P, o[1], d), ws.ln, ws.m1[i], ws.r1[i])
-        timer("qkv gemm fwd", linear_fwd, ws.ln, mat(P, o[2], d, 3 * d), vec(P, o[3], 3 * d), ws.qkv[i], nt)
+        timer("layernorm fwd", layernorm_fwd, a.resid[i], vec(P, o[LN1_W], d), vec(P, o[LN1_B], d), s.ln_out,
+              a.ln1_mean[i], a.ln1_rstd[i])
+        timer("qkv gemm fwd", linear_fwd, s.ln_out, mat(P, o[QKV_W], d, 3 * d), vec(P, o[QKV_B], 3 * d),
+              a.qkv[i], nt)
         if keep:
-            timer("attention fwd", attention_fwd, ws.qkv[i], B, T, H, ws.probs[i], ws.atty[i])
+            timer("attention fwd", attention_fwd, a.qkv[i], B, T, H, a.probs[i], a.att_out[i])
         else:
-            timer("attention fwd", attention_fwd_lean, ws.qkv[i], B, T, H, ws.pscr, ws.atty[i])
-        timer("residual+bias", _copy_add_bias, ws.res[i], vec(P, o[5], d), ws.x2[i])
-        timer("attn-out gemm fwd", matmul, ws.atty[i], mat(P, o[4], d, d), ws.x2[i], 1.0, nt)
-        timer("layernorm fwd", layernorm_fwd, ws.x2[i], vec(P, o[6], d), vec(P, o[7], d), ws.ln, ws.m2[i], ws.r2[i])
-        timer("mlp-up gemm fwd", matmul, ws.ln, mat(P, o[8], d, 4 * d), ws.pre[i], 0.0, nt)
-        timer("bias+gelu fwd", bias_gelu_fwd, ws.pre[i], vec(P, o[9], 4 * d), ws.g)
-        timer("residual+bias", _copy_add_bias, ws.x2[i], vec(P, o[11], d), ws.res[i + 1])
-        timer("mlp-down gemm fwd", matmul, ws.g, mat(P, o[10], 4 * d, d), ws.res[i + 1], 1.0, nt)
+            timer("attention fwd", attention_fwd_lean, a.qkv[i], B, T, H, s.probs_scratch, a.att_out[i])
+        timer("residual+bias", _copy_add_bias, a.resid[i], vec(P, o[PROJ_B], d), a.mid[i])
+        timer("attn-out gemm fwd", matmul, a.att_out[i], mat(P, o[PROJ_W], d, d), a.mid[i], 1.0, nt)
+        timer("layernorm fwd", layernorm_fwd, a.mid[i], vec(P, o[LN2_W], d), vec(P, o[LN2_B], d), s.ln_out,
+              a.ln2_mean[i], a.ln2_rstd[i])
+        timer("mlp-up gemm fwd", matmul, s.ln_out, mat(P, o[UP_W], d, 4 * d), a.mlp_pre[i], 0.0, nt)
+        timer("bias+gelu fwd", bias_gelu_fwd, a.mlp_pre[i], vec(P, o[UP_B], 4 * d), s.gelu_out)
+        timer("residual+bias", _copy_add_bias, a.mid[i], vec(P, o[DOWN_B], d), a.resid[i + 1])
+        timer("mlp-down gemm fwd", matmul, s.gelu_out, mat(P, o[DOWN_W], 4 * d, d), a.resid[i + 1], 1.0, nt)
     lo, hi = model.layout.decoder_range
     ws.targets[...] = np.asarray(y).reshape(-1)
     n = ws.targets.shape[0]
-    tot = timer("decoder fwd+bwd (LN, head, CE)", decoder_fwd_bwd, P[lo:hi], G[lo:hi], ws.res[L], ws.targets,
-                ws.lnf, ws.mf, ws.rf, ws.logits, ws.losses, ws.dh, ws.partial, 1.0 / n, nt, plan)
-    ws.dcur[...] = ws.dh
-    dcur = ws.dcur
+    tot = timer("decoder fwd+bwd (LN, head, CE)", decoder_fwd_bwd, P[lo:hi], G[lo:hi], a.resid[L], ws.targets,
+                ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits, ws.losses, ws.dh, s.ln_partials, 1.0 / n, nt,
+                plan)
+    dresid = ws.dresid  # the decoder wrote dL/dh here
     for i in range(L - 1, -1, -1):
         o = offs[i]
-        timer("gelu recompute", gelu_fwd, ws.pre[i], ws.g)
-        timer("mlp-down gemm bwd", linear_bwd, ws.g, mat(P, o[10], 4 * d, d), dcur, ws.dg,
-              mat(G, o[10], 4 * d, d), vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
-        timer("gelu bwd", gelu_bwd, ws.pre[i], ws.dg)
-        timer("layernorm recompute", layernorm_apply, ws.x2[i], vec(P, o[6], d), vec(P, o[7], d), ws.m2[i], ws.r2[i], ws.ln)
-        timer("mlp-up gemm bwd", linear_bwd, ws.ln, mat(P, o[8], d, 4 * d), ws.dg, ws.dln2,
-              mat(G, o[8], d, 4 * d), vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
-        timer("layernorm bwd", layernorm_bwd, ws.dln2, ws.x2[i], vec(P, o[6], d), ws.m2[i], ws.r2[i], dcur,
-              vec(G, o[6], d), vec(G, o[7], d), ws.partial, nt, 1.0)
-        timer("attn-out gemm bwd", linear_bwd, ws.atty[i], mat(P, o[4], d, d), dcur, ws.datt,
-              mat(G, o[4], d, d), vec(G, o[5], d), nt, 0.0, plan[4], plan[5])
+        timer("gelu recompute", gelu_fwd, a.mlp_pre[i], s.gelu_out)
+        timer("mlp-down gemm bwd", linear_bwd, s.gelu_out, mat(P, o[DOWN_W], 4 * d, d), dresid, s.dgelu,
+              mat(G, o[DOWN_W], 4 * d, d), vec(G, o[DOWN_B], d), nt, 0.0, plan[0], plan[1])
+        timer("gelu bwd", gelu_bwd, a.mlp_pre[i], s.dgelu)
+        timer("layernorm recompute", layernorm_apply, a.mid[i], vec(P, o[LN2_W], d), vec(P, o[LN2_B], d),
+              a.ln2_mean[i], a.ln2_rstd[i], s.ln_out)
+        timer("mlp-up gemm bwd", linear_bwd, s.ln_out, mat(P, o[UP_W], d, 4 * d), s.dgelu, s.dln2,
+              mat(G, o[UP_W], d, 4 * d), vec(G, o[UP_B], 4 * d), nt, 0.0, plan[2], plan[3])
+        timer("layernorm bwd", layernorm_bwd, s.dln2, a.mid[i], vec(P, o[LN2_W], d), a.ln2_mean[i],
+              a.ln2_rstd[i], dresid, vec(G, o[LN2_W], d), vec(G, o[LN2_B], d), s.ln_partials, nt, 1.0)
+        timer("attn-out gemm bwd", linear_bwd, a.att_out[i], mat(P, o[PROJ_W], d, d), dresid, s.datt,
+              mat(G, o[PROJ_W], d, d), vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
         if keep:
-            timer("attention bwd", attention_bwd, ws.datt, ws.qkv[i], B, T, H, ws.probs[i], ws.dP, ws.dqkv)
+            timer("attention bwd", attention_bwd, s.datt, a.qkv[i], B, T, H, a.probs[i], s.dprobs, s.dqkv)
         else:
-            timer("attention bwd (recomputes probabilities)", attention_bwd_lean, ws.datt, ws.qkv[i], B, T,
-                  H, ws.pscr, ws.dP, ws.dqkv)
-        timer("layernorm recompute", layernorm_apply, ws.res[i], vec(P, o[0], d), vec(P, o[1], d), ws.m1[i], ws.r1[i], ws.ln)
-        timer("qkv gemm bwd", linear_bwd, ws.ln, mat(P, o[2], d, 3 * d), ws.dqkv, ws.dln,
-              mat(G, o[2], d, 3 * d), vec(G, o[3], 3 * d), nt, 0.0, plan[6], plan[7])
-        timer("layernorm bwd", layernorm_bwd, ws.dln, ws.res[i], vec(P, o[0], d), ws.m1[i], ws.r1[i], dcur,
-              vec(G, o[0], d), vec(G, o[1], d), ws.partial, nt, 1.0)
-    timer("embedding bwd", embedding_bwd, ws.tokens, dcur, model.grads["wte"], model.grads["wpe"], nt)
+            timer("attention bwd (recomputes probabilities)", attention_bwd_lean, s.datt, a.qkv[i], B, T,
+                  H, s.probs_scratch, s.dprobs, s.dqkv)
+        timer("layernorm recompute", layernorm_apply, a.resid[i], vec(P, o[LN1_W], d), vec(P, o[LN1_B], d),
+              a.ln1_mean[i], a.ln1_rstd[i], s.ln_out)
+        timer("qkv gemm bwd", linear_bwd, s.ln_out, mat(P, o[QKV_W], d, 3 * d), s.dqkv, s.dln1,
+              mat(G, o[QKV_W], d, 3 * d), vec(G, o[QKV_B], 3 * d), nt, 0.0, plan[6], plan[7])
+        timer("layernorm bwd", layernorm_bwd, s.dln1, a.resid[i], vec(P, o[LN1_W], d), a.ln1_mean[i],
+              a.ln1_rstd[i], dresid, vec(G, o[LN1_W], d), vec(G, o[LN1_B], d), s.ln_partials, nt, 1.0)
+    timer("embedding bwd", embedding_bwd, ws.tokens, dresid, model.grads["wte"], model.grads["wpe"], nt)
     return tot / n
 
 

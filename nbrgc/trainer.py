@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from . import checkpoint as ckpt
+from .atomic import write_json
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
@@ -87,7 +88,7 @@ class Trainer:
             raise ConfigError("model_cfg must be a ModelConfig (see nbrgc.preset)")
         if not isinstance(train_cfg, TrainConfig):
             raise ConfigError("train_cfg must be a TrainConfig")
-        self.mcfg, self.tc = model_cfg, train_cfg
+        self.mcfg, self.tc = model_cfg, train_cfg.for_model(model_cfg)
         self.seq = train_cfg.validate_for(model_cfg)
         self.out = out
         self.resume, self.force = resume, force
@@ -167,10 +168,7 @@ class Trainer:
                     raise NbrgcError(f"--force: cannot remove {p}: {exc.strerror or exc}") from None
             if old:
                 self.info(f"--force: removed {len(old)} checkpoint(s) of the previous run in {self.out}")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(mine, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, mine)
 
     def _check_memory(self, nt):
         est = estimate(self.mcfg, self.tc, self.tc.batch, self.seq, nt)
@@ -182,6 +180,14 @@ class Trainer:
                              "; lower --batch/--seq/--n-layer or pass --max-memory")
         self.info("expected memory: " + ", ".join(f"{k} {fmt_mib(v)}" for k, v in est.items()))
         return est
+
+    def _make_scheme(self, model):
+        return make_scheme(model, self.tc, fault_hook=self.fault_hook, log=self.info)
+
+    def _agree_stop(self, step, time_up):
+        """Whether the run stops for time after this step. One process decides alone; ranks of an
+        MPI job must agree on it and on a requested stop (nbrgc.distributed.run)."""
+        return time_up
 
     # ------------------------------------------------------------------ the run
     def run(self):
@@ -201,7 +207,7 @@ class Trainer:
                   f"steps {tc.steps} | data {self.data.name} ({len(self.data.train):,} train bytes)")
         model = Model(mcfg, seed=tc.seed, attention=tc.attention)
         self.info(f"parameters: {model.n_params:,}")
-        scheme = make_scheme(model, tc, fault_hook=self.fault_hook, log=self.info)
+        scheme = self._make_scheme(model)
         stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)
         if tc.mode != "bp" and tc.stage_init == "identity":
             identity_init(model, stages)
@@ -216,7 +222,7 @@ class Trainer:
             scheme.tune(tc.batch, self.seq)
             self.info(f"stage thread groups: {scheme.groups} (budget {budget}) on {scheme.W} worker(s) "
                       f"(stage k on worker k mod {scheme.W}), max staleness {tc.max_staleness}")
-        eval_ws = self._eval_workspace(model, scheme, stages)
+        eval_ws = scheme.eval_workspace(self.tc.batch, self.seq)
         handlers = self._install_signals()
         tokens_per_step = tc.batch * self.seq
         bar = None
@@ -268,6 +274,7 @@ class Trainer:
                 step += 1
                 results = scheme.poll()
                 time_up = self.time_limit is not None and time.perf_counter() - t_start >= self.time_limit
+                time_up = self._agree_stop(step, time_up)
                 # decided once, before the results are reported: a stop requested while reporting
                 # (a signal, a callback) must not save a pipeline that has not been drained
                 pause = bool((tc.eval_every and step % tc.eval_every == 0) or step == tc.steps or (
@@ -341,15 +348,6 @@ class Trainer:
             self._logf.close()
         self.model = model
         return summary
-
-    def _eval_workspace(self, model, scheme, stages):
-        B, T = self.tc.batch, self.seq
-        if self.tc.mode == "bp":
-            return model._cached_ws(B, T)
-        if self.tc.mode == "rgc-async":
-            scheme._alloc(B, T)
-            return scheme._buffers["ws"][0]
-        return scheme._workspace(B, T)
 
     def _evaluate(self, model, held_out, stages, ws, step, t_start):
         res = evaluate(model, held_out, stages, ws)

@@ -1,4 +1,3 @@
-import threading
 import time
 
 import nbrgc  # noqa: F401  (selects the thread-safe threading layer before anything compiles)
@@ -7,7 +6,7 @@ import numpy as np
 import pytest
 
 from nbrgc.kernels import atomics as A
-from nbrgc.kernels.atomics import atomic_add, atomic_cas, atomic_load, atomic_store
+from nbrgc.kernels.atomics import atomic_add, atomic_store
 
 from contention import contended, run_threads
 
@@ -29,18 +28,6 @@ def _collect_olds(arr, out):
 
 
 @numba.njit(nogil=True)
-def _cas_incr(arr, m):
-    # increment via a CAS retry loop: lock-free read-modify-write built from atomic_cas; arr[1] is
-    # the plain control (see _atomic_and_plain_incr)
-    for _ in range(m):
-        while True:
-            cur = atomic_load(arr, 0)
-            if atomic_cas(arr, 0, cur, cur + 1) == cur:
-                break
-        arr[1] += 1
-
-
-@numba.njit(nogil=True)
 def _post(counter, round_no, k, rnd):
     """Post once to round ``rnd``; the poster that brings the counter to k closes the round (resets
     the counter, opens the next round) and returns True."""
@@ -53,8 +40,7 @@ def _post(counter, round_no, k, rnd):
 
 def _stage_thread(counter, round_no, k, r, wins):
     for rnd in range(r):
-        # wait (briefly spinning in nogil code, then yielding to the OS) until round `rnd` is open
-        while not A.spin_until_geq(round_no, 0, rnd, 200):
+        while A.load(round_no, 0) < rnd:  # wait until round `rnd` is open
             time.sleep(0)
         if _post(counter, round_no, k, rnd):
             wins[rnd] += 1
@@ -80,20 +66,6 @@ def test_concurrent_fetch_add_exact(dtype):
     contended(once, n * m)
 
 
-def test_cas_loop_increment_exact():
-    n, m = 4, 200_000
-    arr = np.zeros(2, np.int64)
-    _cas_incr(arr, 1)
-
-    def once():
-        arr[:] = 0
-        _run_threads(n, _cas_incr, lambda i: (arr, m))
-        assert arr[0] == n * m
-        return int(arr[1])
-
-    contended(once, n * m)
-
-
 def test_fetch_add_returns_distinct_old_values():
     n, m = 4, 20_000
     arr = np.zeros(1, np.int64)
@@ -108,22 +80,12 @@ def test_fetch_add_returns_distinct_old_values():
         assert np.all(np.diff(o) > 0)
 
 
-def test_cas_semantics():
-    a = np.array([5, 10], np.int64)
-    assert A.cas(a, 0, 5, 7) == 5 and a[0] == 7          # matched: swapped, returns old
-    assert A.cas(a, 0, 5, 9) == 7 and a[0] == 7          # mismatch: unchanged, returns current
-    assert A.cas(a, -1, 10, -3) == 10 and a[1] == -3     # negative index wraps
-    b = np.array([1], np.int32)
-    assert A.cas(b, 0, 1, 2) == 1 and b[0] == 2
-
-
-def test_load_store_add_xchg():
+def test_load_store_add():
     a = np.zeros(3, np.int64)
     A.store(a, 1, 42)
     assert a[1] == 42 and A.load(a, 1) == 42
     assert A.fetch_add(a, 1, -2) == 42 and a[1] == 40
     assert A.fetch_add(a, 2, 2**40) == 0 and a[2] == 2**40
-    assert A.xchg(a, 1, 7) == 40 and a[1] == 7
     b = np.zeros(2, np.int32)
     A.store(b, 0, 3)
     assert A.load(b, 0) == 3 and A.fetch_add(b, 0, 1) == 3 and b[0] == 4
@@ -145,28 +107,11 @@ def test_last_poster_closes_each_round():
     round_no = np.zeros(1, np.int64)
     wins = [np.zeros(r, np.int64) for _ in range(k)]
     _post(np.zeros(1, np.int64), np.zeros(1, np.int64), 1, 0)  # compile outside the threads
-    A.spin_until_geq(round_no, 0, 0, 1)
+    A.load(round_no, 0)
     _run_threads(k, _stage_thread, lambda i: (counter, round_no, k, r, wins[i]))
     total = np.sum(wins, axis=0)
     np.testing.assert_array_equal(total, np.ones(r, np.int64))  # exactly one closer per round
     assert counter[0] == 0 and round_no[0] == r
-
-
-def test_spin_until_geq():
-    a = np.zeros(1, np.int64)
-    assert A.spin_until_geq(a, 0, 0, 0)
-    assert not A.spin_until_geq(a, 0, 1, 100)  # times out
-
-    def setter():
-        import time
-        time.sleep(0.05)
-        A.store(a, 0, 3)
-
-    t = threading.Thread(target=setter)
-    t.start()
-    ok = A.spin_until_geq(a, 0, 3, 10**9)  # GIL released while spinning, so the setter can run
-    t.join()
-    assert ok and a[0] == 3
 
 
 @numba.njit(nogil=True, parallel=True)

@@ -71,11 +71,11 @@ def test_attention_recompute_same_bits_less_memory():
         lb, gb = b.loss_and_grad(x, y)
         assert la == lb and np.array_equal(a.grad_flat, b.grad_flat)
         assert np.array_equal(a.logits(x), b.logits(x))
-        wa, wb = a._cached_ws(3, 80), b._cached_ws(3, 80)
+        wa, wb = a.cached_workspace(3, 80), b.cached_workspace(3, 80)
         import numba
         nt = max(1, numba.config.NUMBA_NUM_THREADS)
         probs = 2 * 3 * cfg.n_head * 80 * 80 * a.dtype.itemsize
-        assert wa.nbytes() - wb.nbytes() == probs - wb.pscr.nbytes
+        assert wa.nbytes() - wb.nbytes() == probs - wb.scratch.probs_scratch.nbytes
         for ws, att in ((wa, "store"), (wb, "recompute")):
             assert ws.nbytes() == workspace_bytes(cfg, 3, 80, 2, a.dtype.itemsize, nt, attention=att)
     est = {att: estimate(cfg, TrainConfig(mode="bp", attention=att), 3, 80, 1)["activations"]

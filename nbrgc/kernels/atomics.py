@@ -11,9 +11,6 @@ Intrinsics (use them inside ``@numba.njit`` functions)::
     atomic_add(arr, idx, val)               -> old value   # fetch-and-add (val may be negative)
     atomic_load(arr, idx)                   -> value
     atomic_store(arr, idx, val)             -> None
-    atomic_cas(arr, idx, expected, new)     -> old value   # swapped iff old == expected
-    atomic_xchg(arr, idx, val)              -> old value   # unconditional exchange
-    cpu_relax()                             -> None        # spin-loop hint (x86 ``pause``, ARM ``yield``)
 
 ``arr`` must be a C- or A-layout, aligned, writable (except for ``atomic_load``) 1-D array of dtype
 ``int64`` or ``int32``; ``idx`` is any integer (negative indices wrap, out-of-range ones raise
@@ -22,8 +19,7 @@ Intrinsics (use them inside ``@numba.njit`` functions)::
 Python-callable wrappers (each is ``@njit(nogil=True)``, so calling one from Python compiles once per
 type signature and releases the GIL while it runs)::
 
-    fetch_add(arr, idx, val), load(arr, idx), store(arr, idx, val), cas(arr, idx, expected, new),
-    xchg(arr, idx, val), spin_until_geq(arr, idx, target, max_spins) -> bool
+    fetch_add(arr, idx, val), load(arr, idx), store(arr, idx, val)
 
 Example — the RGC round counter: K stage threads each post once; the poster that brings the counter
 to K closes the round::
@@ -36,19 +32,13 @@ to K closes the round::
             return True
         return False
 """
-import platform
-
 import numba
-from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-__all__ = [
-    "atomic_add", "atomic_load", "atomic_store", "atomic_cas", "atomic_xchg", "cpu_relax",
-    "fetch_add", "load", "store", "cas", "xchg", "spin_until_geq", "SUPPORTED_DTYPES",
-]
+__all__ = ["atomic_add", "atomic_load", "atomic_store", "fetch_add", "load", "store", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = ("int64", "int32")
 _ORDER = "seq_cst"
@@ -106,23 +96,6 @@ def atomic_add(typingctx, arr, idx, val):
 
 
 @intrinsic
-def atomic_xchg(typingctx, arr, idx, val):
-    """Atomically ``old = arr[idx]; arr[idx] = val``; returns ``old`` (seq_cst)."""
-    _check_array("atomic_xchg", arr, True)
-    _check_int("atomic_xchg", "idx", idx)
-    _check_int("atomic_xchg", "val", val)
-    dtype = arr.dtype
-
-    def codegen(context, builder, sig, args):
-        aryty, idxty, valty = sig.args
-        ptr = _elem_ptr(context, builder, aryty, args[0], idxty, args[1])
-        v = context.cast(builder, args[2], valty, dtype)
-        return builder.atomic_rmw("xchg", ptr, v, _ORDER)
-
-    return dtype(arr, idx, val), codegen
-
-
-@intrinsic
 def atomic_load(typingctx, arr, idx):
     """Sequentially consistent atomic load of ``arr[idx]``."""
     _check_array("atomic_load", arr, False)
@@ -155,54 +128,6 @@ def atomic_store(typingctx, arr, idx, val):
     return types.none(arr, idx, val), codegen
 
 
-@intrinsic
-def atomic_cas(typingctx, arr, idx, expected, new):
-    """Compare-and-swap: if ``arr[idx] == expected`` store ``new``. Returns the old value either way
-    (so the swap happened iff the return value equals ``expected``)."""
-    _check_array("atomic_cas", arr, True)
-    _check_int("atomic_cas", "idx", idx)
-    _check_int("atomic_cas", "expected", expected)
-    _check_int("atomic_cas", "new", new)
-    dtype = arr.dtype
-
-    def codegen(context, builder, sig, args):
-        aryty, idxty, expty, newty = sig.args
-        ptr = _elem_ptr(context, builder, aryty, args[0], idxty, args[1])
-        cmp = context.cast(builder, args[2], expty, dtype)
-        val = context.cast(builder, args[3], newty, dtype)
-        pair = builder.cmpxchg(ptr, cmp, val, _ORDER, _ORDER)
-        return builder.extract_value(pair, 0)
-
-    return dtype(arr, idx, expected, new), codegen
-
-
-_MACHINE = platform.machine().lower()
-if _MACHINE in ("x86_64", "amd64", "i386", "i686", "x86"):
-    _RELAX = ("llvm.x86.sse2.pause", None)        # the ``pause`` instruction
-elif _MACHINE in ("aarch64", "arm64"):
-    _RELAX = ("llvm.aarch64.hint", 1)              # ``hint #1`` == ``yield``
-else:  # unknown ISA: no hint (the atomic load in the spin loop already keeps it honest)
-    _RELAX = (None, None)
-
-
-@intrinsic
-def cpu_relax(typingctx):
-    """Spin-loop hint: ``pause`` on x86, ``yield`` on AArch64, nothing elsewhere.
-
-    (LLVM target intrinsics, not inline asm: llvmlite's MCJIT has no asm parser.)"""
-
-    def codegen(context, builder, sig, args):
-        name, arg = _RELAX
-        if name is not None:
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [] if arg is None else [i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
-            builder.call(fn, [] if arg is None else [ir.Constant(i32, arg)])
-        return context.get_dummy_value()
-
-    return types.none(), codegen
-
-
 # -------------------------------------------------------------------------------- Python-callable wrappers
 
 @numba.njit(nogil=True)
@@ -221,35 +146,3 @@ def load(arr, idx):
 def store(arr, idx, val):
     """Atomic (seq_cst) store ``arr[idx] = val``."""
     atomic_store(arr, idx, val)
-
-
-@numba.njit(nogil=True)
-def cas(arr, idx, expected, new):
-    """Atomic compare-and-swap on ``arr[idx]``; returns the old value (swapped iff it == expected)."""
-    return atomic_cas(arr, idx, expected, new)
-
-
-@numba.njit(nogil=True)
-def xchg(arr, idx, val):
-    """Atomic exchange on ``arr[idx]``; returns the old value."""
-    return atomic_xchg(arr, idx, val)
-
-
-@numba.njit(nogil=True)
-def spin_until_geq(arr, idx, target, max_spins):
-    """Spin (GIL released) until ``arr[idx] >= target``; True when reached, False after ``max_spins``
-    polls. Between polls it issues 1, 2, 4, ... up to 64 ``cpu_relax`` hints (bounded exponential
-    backoff). ``max_spins < 0`` waits forever. Meant for short waits between threads that are all
-    running; for long waits poll from Python (``load``) with ``time.sleep`` instead."""
-    backoff = 1
-    n = 0
-    while True:
-        if atomic_load(arr, idx) >= target:
-            return True
-        if max_spins >= 0 and n >= max_spins:
-            return False
-        n += 1
-        for _ in range(backoff):
-            cpu_relax()
-        if backoff < 64:
-            backoff *= 2

@@ -8,8 +8,10 @@ What is kept per block for the backward: the block input, both LayerNorm statist
 probabilities, the attention output, the mid-block residual and the MLP pre-activation. LayerNorm
 outputs and the GELU output are recomputed (one cheap elementwise pass each) instead of stored.
 With ``probs`` of size 0 (``attention="recompute"``) the probabilities are not kept either: the
-backward recomputes them, one head at a time, into ``pscr``.
+backward recomputes them, one head at a time, into ``probs_scratch``.
 """
+from collections import namedtuple
+
 from numba import njit, prange
 
 from .attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
@@ -20,6 +22,34 @@ from .mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
 
 BLOCK_PARAMS = ("ln1.w", "ln1.b", "attn.wqkv", "attn.bqkv", "attn.wo", "attn.bo",
                 "ln2.w", "ln2.b", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2")
+# Column of each tensor in a row of ``offs`` (BLOCK_PARAMS order); Numba folds these constants.
+(LN1_W, LN1_B, QKV_W, QKV_B, PROJ_W, PROJ_B,
+ LN2_W, LN2_B, UP_W, UP_B, DOWN_W, DOWN_B) = range(len(BLOCK_PARAMS))
+
+# What one block range keeps from its forward for its backward, one entry per block
+# (``resid`` has one more: the range's output).
+BlockActivations = namedtuple("BlockActivations", (
+    "resid",                  # (n+1, N, d) the residual stream: block inputs, then the output
+    "ln1_mean", "ln1_rstd",   # (n, N) LayerNorm 1 statistics
+    "qkv",                    # (n, N, 3d)
+    "probs",                  # (n, B, H, T, T), or (n, 0, 0, 0, 0) when recomputed
+    "att_out",                # (n, N, d) attention output before its projection
+    "mid",                    # (n, N, d) the residual stream between attention and MLP
+    "ln2_mean", "ln2_rstd",   # (n, N)
+    "mlp_pre",                # (n, N, 4d) MLP pre-activation (GELU input)
+))
+# Buffers reused by every block, forward and backward (aliasing: see nbrgc.model.Workspace).
+BlockScratch = namedtuple("BlockScratch", (
+    "ln_out",         # (N, d) LayerNorm output (recomputed in the backward)
+    "gelu_out",       # (N, 4d) GELU output (recomputed in the backward)
+    "datt",           # (N, d) gradient of the attention output
+    "dqkv",           # (N, 3d)
+    "dgelu",          # (N, 4d) gradient of the GELU output, then of its input
+    "dln1", "dln2",   # (N, d) gradients of the LayerNorm outputs
+    "dprobs",         # (chunks, T, T) per-chunk attention-probability gradient
+    "probs_scratch",  # (chunks, T, T) recomputed probabilities, or (0, T, T) when stored
+    "ln_partials",    # (threads, 2, d) per-thread LayerNorm weight-gradient partial sums
+))
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -40,70 +70,75 @@ def _mat(P, o, r, c):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def blocks_fwd(P, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre, ln, g, nt,
-               pscr):
-    """res[0] is the input of block ``lo``; fills res[1..hi-lo] and the saved activations."""
-    d = res.shape[2]
-    keep = probs.shape[1] > 0
+def blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt):
+    """``acts.resid[0]`` is the input of block ``lo``; fills ``acts.resid[1..hi-lo]`` and the other
+    saved activations (:class:`BlockActivations`), using ``scr`` (:class:`BlockScratch`)."""
+    d = acts.resid.shape[2]
+    keep = acts.probs.shape[1] > 0
     for l in range(lo, hi):
         i = l - lo
         o = offs[l]
-        layernorm_fwd(res[i], _vec(P, o[0], d), _vec(P, o[1], d), ln, m1[i], r1[i])
-        linear_fwd(ln, _mat(P, o[2], d, 3 * d), _vec(P, o[3], 3 * d), qkv[i], nt)
+        x, mid, out = acts.resid[i], acts.mid[i], acts.resid[i + 1]
+        layernorm_fwd(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), scr.ln_out,
+                      acts.ln1_mean[i], acts.ln1_rstd[i])
+        linear_fwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d), acts.qkv[i], nt)
         if keep:
-            attention_fwd(qkv[i], B, T, H, probs[i], atty[i])
+            attention_fwd(acts.qkv[i], B, T, H, acts.probs[i], acts.att_out[i])
         else:
-            attention_fwd_lean(qkv[i], B, T, H, pscr, atty[i])
-        _copy_add_bias(res[i], _vec(P, o[5], d), x2[i])
-        matmul(atty[i], _mat(P, o[4], d, d), x2[i], 1.0, nt)
-        layernorm_fwd(x2[i], _vec(P, o[6], d), _vec(P, o[7], d), ln, m2[i], r2[i])
-        matmul(ln, _mat(P, o[8], d, 4 * d), pre[i], 0.0, nt)
-        bias_gelu_fwd(pre[i], _vec(P, o[9], 4 * d), g)
-        _copy_add_bias(x2[i], _vec(P, o[11], d), res[i + 1])
-        matmul(g, _mat(P, o[10], 4 * d, d), res[i + 1], 1.0, nt)
+            attention_fwd_lean(acts.qkv[i], B, T, H, scr.probs_scratch, acts.att_out[i])
+        _copy_add_bias(x, _vec(P, o[PROJ_B], d), mid)
+        matmul(acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
+        layernorm_fwd(mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), scr.ln_out,
+                      acts.ln2_mean[i], acts.ln2_rstd[i])
+        matmul(scr.ln_out, _mat(P, o[UP_W], d, 4 * d), acts.mlp_pre[i], 0.0, nt)
+        bias_gelu_fwd(acts.mlp_pre[i], _vec(P, o[UP_B], 4 * d), scr.gelu_out)
+        _copy_add_bias(mid, _vec(P, o[DOWN_B], d), out)
+        matmul(scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), out, 1.0, nt)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def blocks_bwd(P, G, offs, lo, hi, B, T, H, res, m1, r1, qkv, probs, atty, x2, m2, r2, pre,
-               ln, g, datt, dqkv, dP, partial, dcur, nt, plan, dg, dln, dln2, pscr):
-    """``dcur`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of block lo).
+def blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
+    """``dresid`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of lo).
 
     ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
     MLP-down, MLP-up, attention-output and qkv products, then the head's. Parameter gradients are
     accumulated (+=) into ``G`` at the same offsets as in ``P``. Reads the saved activations
     without changing them (a second backward of the same forward gives the same gradients). No
     product writes its data gradient over its own input, so the weight and data gradients may run
-    side by side (plan value TASKS): the GELU gradient goes to ``dg`` (N, 4d), the LN2-output
-    gradient to ``dln2`` (N, d; a view of the GELU buffer ``g``, dead by then) and the LN1-output
-    gradient to ``dln`` (a view of ``dg``, dead by then).
+    side by side (plan value TASKS); see :class:`nbrgc.model.Workspace` for which scratch buffers
+    share memory and why that is safe.
     """
-    d = res.shape[2]
-    keep = probs.shape[1] > 0
+    d = acts.resid.shape[2]
+    keep = acts.probs.shape[1] > 0
     for l in range(hi - 1, lo - 1, -1):
         i = l - lo
         o = offs[l]
-        # MLP: out = x2 + gelu(ln2(x2) @ w1 + b1) @ w2 + b2
-        gelu_fwd(pre[i], g)
-        linear_bwd(g, _mat(P, o[10], 4 * d, d), dcur, dg, _mat(G, o[10], 4 * d, d),
-                   _vec(G, o[11], d), nt, 0.0, plan[0], plan[1])
-        gelu_bwd(pre[i], dg)
-        layernorm_apply(x2[i], _vec(P, o[6], d), _vec(P, o[7], d), m2[i], r2[i], ln)
-        linear_bwd(ln, _mat(P, o[8], d, 4 * d), dg, dln2, _mat(G, o[8], d, 4 * d),
-                   _vec(G, o[9], 4 * d), nt, 0.0, plan[2], plan[3])
-        layernorm_bwd(dln2, x2[i], _vec(P, o[6], d), m2[i], r2[i], dcur, _vec(G, o[6], d),
-                      _vec(G, o[7], d), partial, nt, 1.0)
-        # attention: x2 = x + attn(ln1(x)) @ wo + bo
-        linear_bwd(atty[i], _mat(P, o[4], d, d), dcur, datt, _mat(G, o[4], d, d),
-                   _vec(G, o[5], d), nt, 0.0, plan[4], plan[5])
+        x, mid = acts.resid[i], acts.mid[i]
+        # MLP: out = mid + gelu(ln2(mid) @ w1 + b1) @ w2 + b2
+        gelu_fwd(acts.mlp_pre[i], scr.gelu_out)
+        linear_bwd(scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), dresid, scr.dgelu,
+                   _mat(G, o[DOWN_W], 4 * d, d), _vec(G, o[DOWN_B], d), nt, 0.0, plan[0], plan[1])
+        gelu_bwd(acts.mlp_pre[i], scr.dgelu)
+        layernorm_apply(mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), acts.ln2_mean[i],
+                        acts.ln2_rstd[i], scr.ln_out)
+        linear_bwd(scr.ln_out, _mat(P, o[UP_W], d, 4 * d), scr.dgelu, scr.dln2,
+                   _mat(G, o[UP_W], d, 4 * d), _vec(G, o[UP_B], 4 * d), nt, 0.0, plan[2], plan[3])
+        layernorm_bwd(scr.dln2, mid, _vec(P, o[LN2_W], d), acts.ln2_mean[i], acts.ln2_rstd[i],
+                      dresid, _vec(G, o[LN2_W], d), _vec(G, o[LN2_B], d), scr.ln_partials, nt, 1.0)
+        # attention: mid = x + attn(ln1(x)) @ wo + bo
+        linear_bwd(acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
+                   _mat(G, o[PROJ_W], d, d), _vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
         if keep:
-            attention_bwd(datt, qkv[i], B, T, H, probs[i], dP, dqkv)
+            attention_bwd(scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.dprobs, scr.dqkv)
         else:
-            attention_bwd_lean(datt, qkv[i], B, T, H, pscr, dP, dqkv)
-        layernorm_apply(res[i], _vec(P, o[0], d), _vec(P, o[1], d), m1[i], r1[i], ln)
-        linear_bwd(ln, _mat(P, o[2], d, 3 * d), dqkv, dln, _mat(G, o[2], d, 3 * d),
-                   _vec(G, o[3], 3 * d), nt, 0.0, plan[6], plan[7])
-        layernorm_bwd(dln, res[i], _vec(P, o[0], d), m1[i], r1[i], dcur, _vec(G, o[0], d),
-                      _vec(G, o[1], d), partial, nt, 1.0)
+            attention_bwd_lean(scr.datt, acts.qkv[i], B, T, H, scr.probs_scratch, scr.dprobs,
+                               scr.dqkv)
+        layernorm_apply(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), acts.ln1_mean[i],
+                        acts.ln1_rstd[i], scr.ln_out)
+        linear_bwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), scr.dqkv, scr.dln1,
+                   _mat(G, o[QKV_W], d, 3 * d), _vec(G, o[QKV_B], 3 * d), nt, 0.0, plan[6], plan[7])
+        layernorm_bwd(scr.dln1, x, _vec(P, o[LN1_W], d), acts.ln1_mean[i], acts.ln1_rstd[i],
+                      dresid, _vec(G, o[LN1_W], d), _vec(G, o[LN1_B], d), scr.ln_partials, nt, 1.0)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

@@ -1,4 +1,5 @@
-"""GEMM through SciPy's BLAS, split over the calling thread's Numba group.
+"""GEMM through the chosen OpenBLAS (NumPy's or SciPy's, see :mod:`nbrgc.blas`), split over the calling
+thread's Numba group.
 
 BLAS is pinned to one thread (see :mod:`nbrgc.threads`); parallelism comes from ``prange`` over
 row (or column) blocks, so ``numba.set_num_threads`` in a stage worker governs its GEMMs too. We call

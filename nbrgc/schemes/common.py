@@ -43,6 +43,11 @@ class SchemeBase:
     def optimizers(self):
         raise NotImplementedError
 
+    def eval_workspace(self, B, T):
+        """A Workspace for evaluating one stage at a time at batch (B, T) while the scheme is
+        paused: the scheme's own buffers where it has them, so evaluation allocates nothing."""
+        return self.model.cached_workspace(B, T)
+
     def state(self):
         arrays = {"adam_m": self.M, "adam_v": self.V}
         meta = {"opt_steps": [o.t for o in self.optimizers()]}

@@ -108,6 +108,9 @@ class RGCAsync(SchemeBase):
         self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
         self.budget = tc.threads or cpu_count()
         self.W = resolve_stage_workers(tc, self.budget)
+        # the stages this process runs (all of them here; a contiguous share under MPI, see
+        # nbrgc.distributed.pipeline): the first pulls the micro-batches, they post len() slots a round
+        self.local_stages = list(range(self.K))
         self.groups = parse_stage_threads(tc.stage_threads, self.K)
         if self.groups is not None:
             worker_groups(self.groups, self.W)
@@ -161,6 +164,12 @@ class RGCAsync(SchemeBase):
                  f"{b['versions'].nbytes / 2**20:.2f} MiB, RGC slots {b['rgc'].nbytes() / 2**20:.2f} MiB, "
                  f"{self.W} worker workspace(s) {sum(w.nbytes() for w in b['ws']) / 2**20:.1f} MiB)")
 
+    def eval_workspace(self, B, T):
+        """Worker 0's workspace: only valid while the pipeline is paused (drained)."""
+        if self._buffers is None or self._buffers["shape"] != (B, T):
+            self._alloc(B, T)
+        return self._buffers["ws"][0]
+
     def buffer_bytes(self):
         b = self._buffers
         if b is None:
@@ -181,7 +190,10 @@ class RGCAsync(SchemeBase):
         return self.groups
 
     def worker_stages(self, w):
-        return list(range(w, self.K, self.W))
+        return self.local_stages[w::self.W]
+
+    def worker_of(self, k):
+        return (k - self.local_stages[0]) % self.W
 
     def _start(self, step0, B, T):
         self.tune(B, T)
@@ -211,7 +223,7 @@ class RGCAsync(SchemeBase):
             th.start()
 
     def submit(self, step, x, y, lr):
-        x, y = self.model._check_xy(x, y)
+        x, y = self.model.check_batch(x, y)
         if not self._threads:
             self._start(step, *x.shape)
         if step != self.submitted:
@@ -307,8 +319,8 @@ class RGCAsync(SchemeBase):
     def _worker(self, w):
         k = w  # the stage a failure is reported against (the one running, once one runs)
         try:
-            set_threads(self.groups[w])
             mine = self.worker_stages(w)
+            set_threads(self.groups[mine[0]])
             t = self.started_at
             while True:
                 for k in mine:
@@ -329,12 +341,12 @@ class RGCAsync(SchemeBase):
 
     def _stage_step(self, k, t):
         m, b, S, K, tc = self.model, self._buffers, self.S, self.K, self.tc
-        ws = b["ws"][k % self.W]
+        ws = b["ws"][self.worker_of(k)]
         lo, hi = self.stages[k]
         plo, phi = self.ranges[k]
         slot_t = t % (S + 2)
         # 1. input: a micro-batch (stage 0) or the previous stage's activations for step t
-        if k == 0:
+        if k == self.local_stages[0]:
             t0 = time.perf_counter()
             try:
                 while True:
@@ -354,15 +366,7 @@ class RGCAsync(SchemeBase):
             b["tokens"][slot_t] = x
             b["targets"][slot_t] = y
             b["lr"][slot_t] = lr
-            h = m.embed(b["tokens"][slot_t], ws)
-        else:
-            prod, cons = b["produced"], b["consumed"]
-            self._wait(lambda: prod[k - 1] > t, k)
-            ws.res[0][...] = b["ring"][k - 1, t % (S + 1)]
-            with self.cond:
-                cons[k - 1] = t + 1
-                self.cond.notify_all()
-            h = ws.res[0]
+        h = m.embed(b["tokens"][slot_t], ws) if k == 0 else self._receive(k, t, ws)
         if self.fault_hook is not None:
             self.fault_hook(k, t)
         # 2. the decoder version this step reads
@@ -374,12 +378,7 @@ class RGCAsync(SchemeBase):
         # 3. forward, then hand the output on before the loss and backward
         out = m.forward_blocks(h, lo, hi, ws)
         if k + 1 < K:
-            prod, cons = b["produced"], b["consumed"]
-            self._wait(lambda: prod[k] - cons[k] < S + 1, k)
-            b["ring"][k, t % (S + 1)] = out
-            with self.cond:
-                prod[k] = t + 1
-                self.cond.notify_all()
+            self._hand_on(k, t, out)
         # 4. local loss through the shared decoder, backward within the stage, own update
         rgc = b["rgc"]
         slot = rgc.slot(t, k)
@@ -405,14 +404,46 @@ class RGCAsync(SchemeBase):
         b["losses"][r, k] = loss
         b["norms"][r, k] = norm
         # 5. post; the last poster closes the round
-        if fetch_add(rgc.counters, r, 1) == K - 1:
+        if fetch_add(rgc.counters, r, 1) == len(self.local_stages) - 1:
             self._close_round(t, lr, k)
+
+    @staticmethod
+    def input_buffer(ws):
+        """Where a stage's input activations go in its workspace."""
+        return ws.resid[0]
+
+    def _receive(self, k, t, ws):
+        """Stage k's input for step t: stage k-1's output, copied out of the ring into ``ws``."""
+        b = self._buffers
+        prod, cons = b["produced"], b["consumed"]
+        self._wait(lambda: prod[k - 1] > t, k)
+        h = self.input_buffer(ws)
+        h[...] = b["ring"][k - 1, t % (self.S + 1)]
+        with self.cond:
+            cons[k - 1] = t + 1
+            self.cond.notify_all()
+        return h
+
+    def _hand_on(self, k, t, out):
+        """Put stage k's output for step t into the ring once a slot is free (at most S + 1 ahead)."""
+        b = self._buffers
+        prod, cons = b["produced"], b["consumed"]
+        self._wait(lambda: prod[k] - cons[k] < self.S + 1, k)
+        b["ring"][k, t % (self.S + 1)] = out
+        with self.cond:
+            prod[k] = t + 1
+            self.cond.notify_all()
+
+    def _gather_round(self, t, r, k):
+        """Complete round t's slots, losses, norms and skip flags with the stages other processes
+        run (nothing to do when this process runs every stage)."""
 
     def _close_round(self, t, lr, k):
         b, S = self._buffers, self.S
         self._wait(lambda: self.version >= t, k)  # round t-1 published first: rounds close in order
         rgc = b["rgc"]
         r = t % (S + 1)
+        self._gather_round(t, r, k)
         mean = rgc.close(t)
         new = b["versions"][(t + 1) % (S + 2)]
         new[...] = b["versions"][t % (S + 2)]

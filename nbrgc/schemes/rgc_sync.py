@@ -28,6 +28,9 @@ class RGCSync(SchemeBase):
     def optimizers(self):
         return self.opts + [self.opt_dec]
 
+    def eval_workspace(self, B, T):
+        return self._workspace(B, T)
+
     def _workspace(self, B, T):
         if self._ws is None or (self._ws.B, self._ws.T) != (B, T):
             per = self.stages[0][1] - self.stages[0][0]
@@ -36,7 +39,7 @@ class RGCSync(SchemeBase):
 
     def submit(self, step, x, y, lr):
         m, tc = self.model, self.tc
-        x, y = m._check_xy(x, y)
+        x, y = m.check_batch(x, y)
         ws = self._workspace(*x.shape)
         G = m.grad_flat
         h = m.embed(x, ws)
