@@ -121,6 +121,18 @@ def _weighted_rows(rows, weights, out):
         out += rows[k] * rows.dtype.type(weights[k])
 
 
+def stage_backward(model, ws, k, lo, hi, out, y, gdec, pdec=None):
+    """Stage k's own loss on its output ``out`` (blocks lo..hi-1, forward already run on ``ws``)
+    through the shared decoder, its decoder gradient into ``gdec`` (the stage's RGC slot), then the
+    backward through its own blocks (and the embeddings, for stage 0) and nowhere else: this is the
+    bounded horizon. ``pdec`` reads another decoder version (rgc-async). Returns the loss (nats)."""
+    loss, dh = model.decoder_loss_and_grad(out, y, ws, gdec=gdec, pdec=pdec)
+    dx = model.backward_blocks(dh, lo, hi, ws)
+    if k == 0:
+        model.embed_backward(ws, dx)
+    return float(loss)
+
+
 def local_loss_and_grad(model, x, y, n_stages=4, consensus="uniform"):
     """Losses of every stage and the bounded-horizon gradients.
 
@@ -142,13 +154,9 @@ def local_loss_and_grad(model, x, y, n_stages=4, consensus="uniform"):
     h = model.embed(x, ws)
     for k, (lo, hi) in enumerate(stages):
         out = model.forward_blocks(h, lo, hi, ws)
-        loss, dh = model.decoder_loss_and_grad(out, y, ws, gdec=rgc.slot(0, k))
-        losses.append(float(loss))
         # the next stage's input, taken before this stage's buffers are reused
         h = out.copy() if k + 1 < len(stages) else None
-        dx = model.backward_blocks(dh, lo, hi, ws)
-        if k == 0:
-            model.embed_backward(ws, dx)
+        losses.append(stage_backward(model, ws, k, lo, hi, out, y, rgc.slot(0, k)))
     model.grad_flat[lo_d:hi_d] = rgc.close(0)
     return losses, model.grads
 

@@ -39,7 +39,8 @@ import numpy as np
 from ..config import parse_stage_threads, resolve_stage_workers, worker_groups
 from ..errors import NbrgcError, StageError
 from ..kernels.atomics import fetch_add
-from ..local import RGCBuffer, consensus_weights, split_stages, stage_param_ranges, stage_sumsq
+from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward, stage_param_ranges,
+                     stage_sumsq)
 from ..optim import clip_scale
 from ..threads import cpu_count, set_threads
 from . import StepResult
@@ -385,10 +386,7 @@ class RGCAsync(SchemeBase):
         slot[...] = 0.0
         G = m.grad_flat
         G[plo:phi] = 0.0
-        loss, dh = m.decoder_loss_and_grad(out, y, ws, gdec=slot, pdec=pdec)
-        dx = m.backward_blocks(dh, lo, hi, ws)
-        if k == 0:
-            m.embed_backward(ws, dx)
+        loss = stage_backward(m, ws, k, lo, hi, out, y, slot, pdec)
         sq = stage_sumsq(G, plo, phi, slot)
         r = t % (S + 1)
         if self.check_finite(t, sq, loss, f"stage {k}"):

@@ -7,7 +7,8 @@ BP's global-norm clipping; with several, no stage waits for another's norm.
 """
 import numpy as np
 
-from ..local import RGCBuffer, consensus_weights, split_stages, stage_param_ranges, stage_sumsq
+from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward, stage_param_ranges,
+                     stage_sumsq)
 from ..optim import clip_scale
 from . import StepResult
 from .common import SchemeBase
@@ -50,12 +51,9 @@ class RGCSync(SchemeBase):
             slot = self.rgc.slot(0, k)
             slot[...] = 0.0
             out = m.forward_blocks(h, lo, hi, ws)
-            loss, dh = m.decoder_loss_and_grad(out, y, ws, gdec=slot)
-            losses.append(float(loss))
             h = out.copy() if k + 1 < len(self.stages) else None
-            dx = m.backward_blocks(dh, lo, hi, ws)
-            if k == 0:
-                m.embed_backward(ws, dx)
+            loss = stage_backward(m, ws, k, lo, hi, out, y, slot)
+            losses.append(loss)
             sq = stage_sumsq(G, plo, phi, slot)
             if self.check_finite(step, sq, loss, f"stage {k}"):
                 scale, norm = clip_scale(sq, tc.grad_clip)
