@@ -102,3 +102,52 @@ def test_one_line_refusals():
     assert p.returncode != 0 and errors == [
         "error: --distributed mpi with rgc-async: 3 ranks cannot share 4 stages equally; start 1, 2, "
         "4 ranks or change --n-stages"]
+
+
+def _rank_pid(marker, rank):
+    """The pid of the rank whose command line holds ``marker`` and whose PMI_RANK is ``rank``."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker not in (d / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env:
+            return int(d.name)
+    return None
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
+def test_a_killed_or_silent_rank_ends_the_job(tmp_path, sig):
+    import signal
+    import time
+    marker = str(tmp_path / "marker")
+    cmd = [MPIEXEC, "-n", "2"] + TRAIN + TINY + ["--mode", "rgc-async", "--n-stages", "2", "--steps", "100000",
+                                                 "--distributed", "mpi", "--threads", "1", "--data-dir", marker]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_env(NBRGC_MPI_TIMEOUT="5"))
+    try:
+        first = p.stdout.readline()  # rank 0 trains: the first log line
+        assert first.startswith("{"), p.stderr.read()[-2000:]
+        import threading  # keep reading: a full pipe would block rank 0 and hide its own timeout
+        threading.Thread(target=p.stdout.read, daemon=True).start()
+        pid = _rank_pid(marker, 1)
+        assert pid is not None
+        t0 = time.monotonic()
+        os.kill(pid, getattr(signal, sig))
+        p.wait(timeout=60)  # a hang fails here
+        assert time.monotonic() - t0 < 30
+        assert p.returncode != 0
+        if sig == "SIGSTOP":  # the waiting rank names the silent one's absence and the step
+            err = p.stderr.read()
+            lines = [l for l in err.splitlines() if l.startswith("error:")]
+            assert len(lines) == 1 and "did not answer within 5 s at step" in lines[0], err[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        pid = _rank_pid(marker, 1)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)

@@ -204,4 +204,6 @@ def run_ranks(mcfg, tc, a, fault_hook):
         what = str(exc) if isinstance(exc, NbrgcError) else f"{type(exc).__name__}: {exc}"
         line = " ".join(f"error: rank {link.rank} at step {_failed_step(trainer, exc)}: {what}".split())
         print(line, file=sys.stderr, flush=True)
+        import time
+        time.sleep(1.0)  # mpiexec forwards output asynchronously: let the line out before the abort
         link.abort(1)
