@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from . import checkpoint as ckpt
+from .atomic import write_json
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
@@ -87,7 +88,7 @@ class Trainer:
             raise ConfigError("model_cfg must be a ModelConfig (see nbrgc.preset)")
         if not isinstance(train_cfg, TrainConfig):
             raise ConfigError("train_cfg must be a TrainConfig")
-        self.mcfg, self.tc = model_cfg, train_cfg
+        self.mcfg, self.tc = model_cfg, train_cfg.for_model(model_cfg)
         self.seq = train_cfg.validate_for(model_cfg)
         self.out = out
         self.resume, self.force = resume, force
@@ -167,10 +168,7 @@ class Trainer:
                     raise NbrgcError(f"--force: cannot remove {p}: {exc.strerror or exc}") from None
             if old:
                 self.info(f"--force: removed {len(old)} checkpoint(s) of the previous run in {self.out}")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(mine, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, mine)
 
     def _check_memory(self, nt):
         est = estimate(self.mcfg, self.tc, self.tc.batch, self.seq, nt)
@@ -224,7 +222,7 @@ class Trainer:
             scheme.tune(tc.batch, self.seq)
             self.info(f"stage thread groups: {scheme.groups} (budget {budget}) on {scheme.W} worker(s) "
                       f"(stage k on worker k mod {scheme.W}), max staleness {tc.max_staleness}")
-        eval_ws = self._eval_workspace(model, scheme, stages)
+        eval_ws = scheme.eval_workspace(self.tc.batch, self.seq)
         handlers = self._install_signals()
         tokens_per_step = tc.batch * self.seq
         bar = None
@@ -350,15 +348,6 @@ class Trainer:
             self._logf.close()
         self.model = model
         return summary
-
-    def _eval_workspace(self, model, scheme, stages):
-        B, T = self.tc.batch, self.seq
-        if self.tc.mode == "bp":
-            return model._cached_ws(B, T)
-        if self.tc.mode == "rgc-async":
-            scheme._alloc(B, T)
-            return scheme._buffers["ws"][0]
-        return scheme._workspace(B, T)
 
     def _evaluate(self, model, held_out, stages, ws, step, t_start):
         res = evaluate(model, held_out, stages, ws)

@@ -39,7 +39,8 @@ import numpy as np
 from ..config import parse_stage_threads, resolve_stage_workers, worker_groups
 from ..errors import NbrgcError, StageError
 from ..kernels.atomics import fetch_add
-from ..local import RGCBuffer, consensus_weights, split_stages, stage_param_ranges, stage_sumsq
+from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward, stage_param_ranges,
+                     stage_sumsq)
 from ..optim import clip_scale
 from ..threads import cpu_count, set_threads
 from . import StepResult
@@ -164,6 +165,12 @@ class RGCAsync(SchemeBase):
                  f"{b['versions'].nbytes / 2**20:.2f} MiB, RGC slots {b['rgc'].nbytes() / 2**20:.2f} MiB, "
                  f"{self.W} worker workspace(s) {sum(w.nbytes() for w in b['ws']) / 2**20:.1f} MiB)")
 
+    def eval_workspace(self, B, T):
+        """Worker 0's workspace: only valid while the pipeline is paused (drained)."""
+        if self._buffers is None or self._buffers["shape"] != (B, T):
+            self._alloc(B, T)
+        return self._buffers["ws"][0]
+
     def buffer_bytes(self):
         b = self._buffers
         if b is None:
@@ -217,7 +224,7 @@ class RGCAsync(SchemeBase):
             th.start()
 
     def submit(self, step, x, y, lr):
-        x, y = self.model._check_xy(x, y)
+        x, y = self.model.check_batch(x, y)
         if not self._threads:
             self._start(step, *x.shape)
         if step != self.submitted:
@@ -379,10 +386,7 @@ class RGCAsync(SchemeBase):
         slot[...] = 0.0
         G = m.grad_flat
         G[plo:phi] = 0.0
-        loss, dh = m.decoder_loss_and_grad(out, y, ws, gdec=slot, pdec=pdec)
-        dx = m.backward_blocks(dh, lo, hi, ws)
-        if k == 0:
-            m.embed_backward(ws, dx)
+        loss = stage_backward(m, ws, k, lo, hi, out, y, slot, pdec)
         sq = stage_sumsq(G, plo, phi, slot)
         r = t % (S + 1)
         if self.check_finite(t, sq, loss, f"stage {k}"):
@@ -404,7 +408,7 @@ class RGCAsync(SchemeBase):
     @staticmethod
     def input_buffer(ws):
         """Where a stage's input activations go in its workspace."""
-        return ws.res[0]
+        return ws.resid[0]
 
     def _receive(self, k, t, ws):
         """Stage k's input for step t: stage k-1's output, copied out of the ring into ``ws``."""
