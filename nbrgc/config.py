@@ -4,6 +4,7 @@ from dataclasses import dataclass, asdict, fields, replace
 from .errors import ConfigError
 
 MODES = ("bp", "rgc-sync", "rgc-async")
+ON_NAN = ("stop", "skip")
 
 
 def _int(name, value, lo=None):
@@ -69,8 +70,32 @@ PRESETS = {
     "paper": ModelConfig(n_layer=24, d_model=256, n_head=8, ctx=256),
     # the method paper's depth and stage size (4 stages of 6 blocks) at about small's cost per token
     "deep": ModelConfig(n_layer=24, d_model=64, n_head=2, ctx=128),
+    # nbrgc-train's default: the smallest model whose samples read as text after a minute on 2 cores
+    "demo": ModelConfig(n_layer=4, d_model=64, n_head=4, ctx=64),
 }
-PRESET_BATCH = {"tiny": 4, "small": 16, "paper": 8, "deep": 16}
+PRESET_BATCH = {"tiny": 4, "small": 16, "paper": 8, "deep": 16, "demo": 16}
+DEFAULT_PRESET = "demo"
+# nbrgc-train's --lr for a preset: demo's short run learns text at 1e-2; the rest train at TrainConfig.lr
+PRESET_LR = {"demo": 1e-2}
+BATCH_OF_CUSTOM_MODEL = 8  # a ModelConfig that is no preset
+
+
+def preset_batch(name):
+    """Sequences per step for a preset name (a name that is no preset: the custom models' batch)."""
+    return PRESET_BATCH.get(name, BATCH_OF_CUSTOM_MODEL)
+
+
+def preset_lr(name):
+    """nbrgc-train's default peak learning rate for a preset name."""
+    return PRESET_LR.get(name, TrainConfig.lr)
+
+
+def batch_for(mcfg):
+    """The batch of the preset ``mcfg`` equals, else the custom models' batch."""
+    for name, cfg in PRESETS.items():
+        if cfg == mcfg:
+            return PRESET_BATCH[name]
+    return BATCH_OF_CUSTOM_MODEL
 
 
 def preset(name, **overrides):
@@ -84,21 +109,42 @@ def preset(name, **overrides):
         raise ConfigError(str(exc)) from None
 
 
+#: Defaults that follow from other settings (``None`` in :class:`TrainConfig`), worded as
+#: nbrgc-train's --help shows them.
+DERIVED_DEFAULTS = {
+    "batch": "the preset's",
+    "warmup": "5% of steps",
+    "eval_every": "steps/5",
+}
+
+
+def default_warmup(steps):
+    return max(0, steps // 20)
+
+
+def default_eval_every(steps):
+    return max(1, steps // 5)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
+    """Every training setting; nbrgc-train's flags are these fields (``-`` for ``_``) with these
+    defaults. ``None`` marks a default derived from other settings (:data:`DERIVED_DEFAULTS`):
+    ``warmup`` and ``eval_every`` are filled in from ``steps`` at construction, ``batch`` by
+    :meth:`for_model` (the Trainer calls it)."""
     mode: str = "bp"
-    steps: int = 1000
-    batch: int = 8
+    steps: int = 600
+    batch: int = None             # None: the preset's (batch_for)
     seq: int = 0                  # 0: the model's ctx
     lr: float = 1e-3
     min_lr_frac: float = 0.1      # cosine decays to lr * min_lr_frac
-    warmup: int = 100
+    warmup: int = None            # None: 5% of steps
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0        # 0 disables clipping
-    eval_every: int = 200
+    eval_every: int = None        # None: steps/5; 0: only at the end
     eval_batches: int = 8
     log_every: int = 10
     seed: int = 0
@@ -117,11 +163,19 @@ class TrainConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        derived = {"batch": None, "warmup": default_warmup, "eval_every": default_eval_every}
         for name, lo in (("steps", 1), ("batch", 1), ("seq", 0), ("warmup", 0), ("eval_every", 0),
                          ("eval_batches", 1), ("log_every", 1), ("seed", 0), ("threads", 0),
                          ("n_stages", 1), ("stage_workers", 0), ("max_staleness", 0), ("keep", 1),
                          ("ckpt_every", 0)):
-            object.__setattr__(self, name, _int(name, getattr(self, name), lo))
+            value = getattr(self, name)
+            if value is None and name in derived:
+                if derived[name] is None:
+                    continue
+                value = derived[name](self.steps)
+            object.__setattr__(self, name, _int(name, value, lo))
+        if self.on_nan not in ON_NAN:
+            raise ConfigError(f"on_nan must be {' or '.join(ON_NAN)}, got {self.on_nan!r}")
         object.__setattr__(self, "lr", _float("lr", self.lr, 0.0, lo_open=True))
         object.__setattr__(self, "min_lr_frac", _float("min_lr_frac", self.min_lr_frac, 0.0, 1.0))
         object.__setattr__(self, "weight_decay", _float("weight_decay", self.weight_decay, 0.0))
@@ -131,8 +185,6 @@ class TrainConfig:
             raise ConfigError("beta1 and beta2 must be < 1")
         object.__setattr__(self, "eps", _float("eps", self.eps, 0.0, lo_open=True))
         object.__setattr__(self, "grad_clip", _float("grad_clip", self.grad_clip, 0.0))
-        if self.on_nan not in ("stop", "skip"):
-            raise ConfigError(f"on_nan must be stop or skip, got {self.on_nan!r}")
         check_attention(self.attention)
         if self.consensus not in CONSENSUS:
             raise ConfigError(f"consensus must be one of {', '.join(CONSENSUS)}, got {self.consensus!r}")
@@ -140,6 +192,10 @@ class TrainConfig:
             raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
         if self.mode == "bp" and self.n_stages != 1:
             object.__setattr__(self, "n_stages", 1)
+
+    def for_model(self, mcfg):
+        """This config with the defaults that depend on the model filled in (``batch``)."""
+        return self if self.batch is not None else replace(self, batch=batch_for(mcfg))
 
     def validate_for(self, mcfg):
         """Checks that need both configs."""

@@ -1,11 +1,18 @@
 """Shared fixtures for the engine tests (kernels, model, local training, schemes)."""
 import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import nbrgc  # noqa: F401  (selects the thread-safe Numba threading layer before anything compiles)
+
+# A run without --out keeps a folder under $NBRGC_RUNS: the suite's runs (subprocesses inherit this)
+# go to a temporary folder, never into the checkout's runs/.
+if not os.environ.get("NBRGC_RUNS"):
+    import tempfile
+    os.environ["NBRGC_RUNS"] = tempfile.mkdtemp(prefix="nbrgc-test-runs-")
 
 ENWIK6 = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "enwik6"
 

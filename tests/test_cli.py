@@ -13,7 +13,7 @@ import pytest
 
 import nbrgc  # noqa: F401  (thread-safe threading layer first)
 from nbrgc import checkpoint as ck
-from nbrgc.config import preset
+from nbrgc.config import TrainConfig, preset
 from nbrgc.errors import CheckpointError, ConfigError
 from nbrgc.evaluate import LN2, sliding_bpb, sliding_windows
 
@@ -162,11 +162,16 @@ def test_sample_zero_bytes_and_empty_prompt(tmp_path):
     ["--stage-init", "zero"],
 ])
 def test_train_flag_errors(args):
-    msg = one_line_error(run("train", "--quiet", "--steps", "2", *args))
+    msg = one_line_error(run("train", "--quiet", "--steps", "2", "--config", "tiny", *args))
     assert len(msg) < 300
 
 
 def test_train_data_and_out_errors(tmp_path):
+    def train(*args):  # on tiny, whose config the --resume refusals below differ from
+        return globals()["train"]("--config", "tiny", *args)
+
+    def run(tool, *args):
+        return globals()["run"](tool, "--config", "tiny", *args)
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     one_line_error(run("train", "--quiet", "--steps", "2", "--dataset", empty))
@@ -237,7 +242,7 @@ def test_sample_flag_errors(tmp_path, args):
 
 def test_eval_flag_errors(tmp_path):
     out = tmp_path / "run"
-    train("--steps", "2", "--out", out)
+    train("--config", "tiny", "--steps", "2", "--out", out)  # ctx 16: --stride 17 is too long
     for args in (["--split", "train"], ["--bytes", "1"], ["--batch", "0"], ["--stride", "0"],
                  ["--stride", "17"], ["--dataset", tmp_path / "nofile.txt"], ["--dataset", "nosuch"]):
         one_line_error(run("eval", out, "--quiet", *args))
@@ -373,4 +378,63 @@ def test_train_help_shows_every_flag_with_help_and_real_defaults():
             assert a.help, f"{a.option_strings[0]} has no help line"
     text = p.format_help()
     assert "(default: None)" not in text and "(default: False)" not in text
-    assert "(default: 300)" in text and "(default: 5% of steps)" in text and "(default: auto)" in text
+    assert f"(default: {TrainConfig.steps})" in text and "(default: 5% of steps)" in text
+    assert "(default: auto)" in text and "(default: the preset's)" in text
+    for cmd in ("nbrgc-sample", "nbrgc-eval", "rgc-async", "enwik8"):  # the next commands
+        assert cmd in text.split("Then:")[1]
+
+
+def test_train_defaults_are_train_configs():
+    """The flags read TrainConfig's defaults; derived ones follow its rules."""
+    from nbrgc.cli.train import parse
+    from nbrgc.config import DEFAULT_PRESET, PRESET_BATCH, preset_lr
+    mcfg, tc, _ = parse([])
+    assert mcfg == preset(DEFAULT_PRESET) and tc.batch == PRESET_BATCH[DEFAULT_PRESET]
+    assert tc.lr == preset_lr(DEFAULT_PRESET)
+    ref = TrainConfig(batch=tc.batch, lr=tc.lr)
+    assert tc == ref
+    assert (tc.steps, tc.warmup, tc.eval_every) == (TrainConfig.steps, TrainConfig.steps // 20,
+                                                    TrainConfig.steps // 5)
+    # explicit flags are what they say; the derived ones follow --steps
+    _, tc, _ = parse(["--config", "tiny", "--steps", "6", "--eval-every", "3"])
+    assert (tc.steps, tc.warmup, tc.eval_every, tc.batch, tc.lr) == (6, 0, 3, 4, 1e-3)
+    _, tc, _ = parse(["--config", "small", "--steps", "300", "--warmup", "7", "--lr", "2e-3"])
+    assert (tc.warmup, tc.eval_every, tc.batch, tc.lr) == (7, 60, 16, 2e-3)
+    # the API's TrainConfig fills the preset's batch in for the model it trains
+    assert TrainConfig().for_model(preset("small")).batch == 16
+    assert TrainConfig(batch=3).for_model(preset("small")).batch == 3
+
+
+def test_quick_tiny_run_smoke(tmp_path):
+    """The quick tiny run (300 steps) trains end to end, learns, and writes its run folder."""
+    out = tmp_path / "run"
+    recs = train("--config", "tiny", "--steps", "300", "--log-every", "1", "--out", out, "--sample", "0")
+    lines, summary = check_log(recs, 300)
+    assert summary["val_bpb"] < 5.5  # from 8 bits a byte at initialisation
+    assert (out / "ckpt-000000300.nbrgc").is_file()
+
+
+def test_default_run_keeps_a_fresh_folder_and_ends_with_a_sample(tmp_path):
+    """No --out: the run gets runs/CONFIG-MODE, the next one CONFIG-MODE-2 (nothing overwritten),
+    and the run ends with a sample of the trained model and the next commands."""
+    env = dict(os.environ, NBRGC_RUNS=str(tmp_path / "runs"), PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, str(REPO / "bin" / "nbrgc-train"), "--config", "tiny", "--steps", "3",
+           "--threads", "1", "--quiet", "--sample", "40"]
+    first = subprocess.run(cmd, capture_output=True, env=env, timeout=240, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr.decode()
+    again = subprocess.run(cmd, capture_output=True, env=env, timeout=240, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr.decode()
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["tiny-bp", "tiny-bp-2"]
+    for p, name in ((first, "tiny-bp"), (again, "tiny-bp-2")):
+        assert (runs / name / "ckpt-000000003.nbrgc").is_file()
+        text = p.stdout.decode(errors="replace")
+        assert "sample (40 bytes" in text and "  | " in text
+        assert f"bin/nbrgc-sample {runs / name}" in text and f"bin/nbrgc-eval {runs / name}" in text
+        assert "rgc-async" in text and "enwik8" in text
+    # --no-save writes nothing and names no next commands
+    p = subprocess.run(cmd + ["--no-save"], capture_output=True, env=env, timeout=240, cwd=tmp_path)
+    assert p.returncode == 0 and b"next:" not in p.stdout and b"sample (40 bytes" in p.stdout
+    assert len(list(runs.iterdir())) == 2
+    one_line_error(run("train", "--no-save", "--out", tmp_path / "x"))
+    one_line_error(run("train", "--sample", "-1"))

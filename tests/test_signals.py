@@ -123,7 +123,7 @@ def test_signal_stops_checkpoints_and_exits_zero(tmp_path, mode, sig):
 
 
 def test_signal_without_out_says_nothing_was_saved():
-    p, lines, err = start("--steps", 10**6)
+    p, lines, err = start("--steps", 10**6, "--no-save")
     seen = wait_training(p, lines, err)
     p.send_signal(signal.SIGTERM)
     recs, stderr = finish(p, lines, err, seen)

@@ -11,7 +11,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         h = action.help or ""
-        if "default" in h or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        if ("default" in h or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or not action.option_strings):
             return h
         return (h + " " if h else "") + "(default: %(default)s)"
 

@@ -5,73 +5,104 @@ import sys
 
 from . import DefaultsFormatter, OneLineParser, finite_number, run_main, workers
 
+RUNS = "runs"  # where a run without --out gets its folder ($NBRGC_RUNS moves it)
+
+# the commands a finished run points to: shown by --help and at the end of every run that saved
+NEXT = ("bin/nbrgc-sample {out} --prompt 'Once there was' --bytes 300 --temperature 0.8 --top-k 40",
+        "bin/nbrgc-eval {out} --split test",
+        "bin/nbrgc-train --mode rgc-async          # the same model by RGC: 4 stages, no backprop across",
+        "bin/nbrgc-train --dataset enwik8 --config small --steps 5000 --out runs/enwik8")
+EPILOG = ("A run without --out keeps its folder under runs/ (a fresh name every time). Then:\n  "
+          + "\n  ".join(c.format(out="RUN") for c in NEXT))
+
+
+class _Formatter(DefaultsFormatter, argparse.RawDescriptionHelpFormatter):
+    """Real defaults beside the flags; the epilog's commands one per line."""
+
 
 def build_parser():
-    from ..config import CONSENSUS, STAGE_INIT
-    p = OneLineParser(prog="nbrgc-train", description=__doc__,
-                formatter_class=DefaultsFormatter)
+    from dataclasses import fields
+
+    from ..config import (ATTENTION, CONSENSUS, DEFAULT_PRESET, DERIVED_DEFAULTS, MODES, ON_NAN,
+                          PRESET_LR, PRESETS, STAGE_INIT, TrainConfig)
+    # every training default is TrainConfig's: the flags only say it
+    D = {f.name: f.default for f in fields(TrainConfig)}
+
+    def derived(name):
+        return f" (default: {DERIVED_DEFAULTS[name]})"
+    p = OneLineParser(prog="nbrgc-train", description=__doc__, epilog=EPILOG,
+                      formatter_class=_Formatter)
     g = p.add_argument_group("data")
     g.add_argument("--dataset", "--data", dest="dataset", default="default",
                    help="enwik8 | tinystories | default (bundled, offline) | text:PATH | a file path")
     g.add_argument("--data-dir", default=None, help="download/cache folder (default: $NBRGC_DATA, "
                    "else ~/.cache/nbrgc)")
     g = p.add_argument_group("model")
-    g.add_argument("--config", default="tiny", help="preset: tiny | small | paper")
+    g.add_argument("--config", default=DEFAULT_PRESET, help="preset: " + " | ".join(PRESETS))
     for name in ("n-layer", "d-model", "n-head", "ctx"):
         g.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name} (default: the preset's)")
     g = p.add_argument_group("scheme")
-    g.add_argument("--mode", default="bp", help="bp | rgc-sync | rgc-async")
-    g.add_argument("--n-stages", type=int, default=4, help="RGC stages (must divide n_layer)")
-    g.add_argument("--stage-threads", default="auto", help="rgc-async thread groups: auto or 1,1,1,1")
-    g.add_argument("--attention", default="store",
-                   help="store | recompute: keep each block's attention probabilities for the "
+    g.add_argument("--mode", default=D["mode"], help=" | ".join(MODES))
+    g.add_argument("--n-stages", type=int, default=D["n_stages"], help="RGC stages (must divide n_layer)")
+    g.add_argument("--stage-threads", default=D["stage_threads"],
+                   help="rgc-async thread groups: auto or 1,1,1,1")
+    g.add_argument("--attention", default=D["attention"],
+                   help=" | ".join(ATTENTION) + ": keep each block's attention probabilities for the "
                         "backward, or recompute them there (same results, less memory, a few "
                         "percent slower)")
-    g.add_argument("--stage-workers", type=workers, default=0,
+    g.add_argument("--stage-workers", type=workers, default=D["stage_workers"],
                    help="rgc-async: worker threads the stages share (stage k on worker k mod W; "
                         "memory grows with W). auto: one per stage, or, when the thread budget is "
                         "below n_stages, the most workers with equal shares of the stages "
                         "(default: auto)")
-    g.add_argument("--max-staleness", type=int, default=1, help="rgc-async: steps a stage may run ahead")
-    g.add_argument("--consensus", choices=CONSENSUS, default="uniform",
+    g.add_argument("--max-staleness", type=int, default=D["max_staleness"],
+                   help="rgc-async: steps a stage may run ahead")
+    g.add_argument("--consensus", choices=CONSENSUS, default=D["consensus"],
                    help="rgc: how the stages' decoder gradients combine: uniform average, or depth "
                         "(stage k weighted (k+1)/sum)")
-    g.add_argument("--stage-init", choices=STAGE_INIT, default="standard",
+    g.add_argument("--stage-init", choices=STAGE_INIT, default=D["stage_init"],
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
                         "zero, so each later stage starts as the identity of its input")
     g = p.add_argument_group("budget (the first given wins: --time, --tokens, --steps)")
-    g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: 300)")
+    g.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default: {D['steps']})")
     g.add_argument("--tokens", type=int, default=None, help="train on this many tokens (sets --steps)")
     g.add_argument("--time", type=finite_number, default=None, help="stop after this many seconds, with a checkpoint")
     g = p.add_argument_group("optimization")
-    g.add_argument("--batch", type=int, default=None, help="sequences per step (default: preset's)")
-    g.add_argument("--seq", type=int, default=0, help="sequence length (default: 0, the preset's ctx)")
-    g.add_argument("--lr", type=finite_number, default=1e-3, help="peak learning rate (AdamW)")
-    g.add_argument("--min-lr-frac", type=finite_number, default=0.1,
+    g.add_argument("--batch", type=int, default=D["batch"], help="sequences per step" + derived("batch"))
+    g.add_argument("--seq", type=int, default=D["seq"], help="sequence length; 0: the preset's ctx")
+    g.add_argument("--lr", type=finite_number, default=None,
+                   help=f"peak learning rate (AdamW) (default: the preset's: "
+                        + ", ".join(f"{v:g} for {k}" for k, v in PRESET_LR.items()) + f", else {D['lr']:g})")
+    g.add_argument("--min-lr-frac", type=finite_number, default=D["min_lr_frac"],
                    help="the cosine schedule ends at lr times this")
-    g.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 5%% of steps)")
-    g.add_argument("--weight-decay", type=finite_number, default=0.1,
+    g.add_argument("--warmup", type=int, default=D["warmup"],
+                   help="linear warm-up steps" + derived("warmup").replace("%", "%%"))
+    g.add_argument("--weight-decay", type=finite_number, default=D["weight_decay"],
                    help="AdamW decoupled weight decay")
-    g.add_argument("--grad-clip", type=finite_number, default=1.0, help="clip the gradient norm to this (per stage for RGC); 0 disables")
-    g.add_argument("--on-nan", default="stop", help="on a non-finite loss or gradient: stop with an error, or skip the step")
+    g.add_argument("--grad-clip", type=finite_number, default=D["grad_clip"],
+                   help="clip the gradient norm to this (per stage for RGC); 0 disables")
+    g.add_argument("--on-nan", default=D["on_nan"], help=" | ".join(ON_NAN) + ": on a non-finite "
+                   "loss or gradient, stop with an error or skip the step")
     g = p.add_argument_group("evaluation and output")
-    g.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default: steps/5)")
-    g.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
-    g.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    g.add_argument("--out", default=None, help="run folder: checkpoints, log.jsonl, run.json (default: none, nothing saved)")
+    g.add_argument("--eval-every", type=int, default=D["eval_every"],
+                   help="steps between evaluations; 0: only at the end" + derived("eval_every"))
+    g.add_argument("--eval-batches", type=int, default=D["eval_batches"], help="held-out batches per evaluation")
+    g.add_argument("--log-every", type=int, default=D["log_every"], help="steps between log lines")
+    g.add_argument("--out", default=None, help="run folder: checkpoints, log.jsonl, run.json "
+                   "(default: a fresh runs/CONFIG-MODE[-N])")
+    g.add_argument("--no-save", action="store_true", help="no run folder: nothing is written")
+    g.add_argument("--sample", type=int, default=200, metavar="BYTES",
+                   help="bytes the trained model writes at the end; 0: none")
     g.add_argument("--resume", action="store_true", help="continue the run in --out")
     g.add_argument("--force", action="store_true", help="start over in an --out that holds a run")
-    g.add_argument("--keep", type=int, default=3, help="checkpoints kept")
-    g.add_argument("--ckpt-every", type=int, default=0, help="extra checkpoint interval in steps (0: at evaluations only)")
+    g.add_argument("--keep", type=int, default=D["keep"], help="checkpoints kept")
+    g.add_argument("--ckpt-every", type=int, default=D["ckpt_every"],
+                   help="extra checkpoint interval in steps; 0: at evaluations only")
     g.add_argument("--json", action="store_true", help="JSON lines on stdout (log + summary)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("machine")
-    g.add_argument("--threads", type=int, default=0, help="total thread budget (default: 0, all cores)")
-    g.add_argument("--seed", type=int, default=0, help="initial weights and batch order")
-    g.add_argument("--distributed", choices=("none", "mpi"), default="none",
-                   help="mpi: run as the ranks of an mpiexec job (bp: data parallel; rgc-async: the "
-                        "stages on ranks); --threads is then each rank's budget (default: the "
-                        "machine's cores / the ranks on it)")
+    g.add_argument("--threads", type=int, default=D["threads"], help="total thread budget; 0: all cores")
+    g.add_argument("--seed", type=int, default=D["seed"], help="initial weights and batch order")
     g.add_argument("--max-memory", type=finite_number, default=None,
                    help="allowed peak memory in MiB (default: what is available)")
     return p
@@ -79,12 +110,12 @@ def build_parser():
 
 def parse(argv=None):
     """argv -> (ModelConfig, TrainConfig, options); raises NbrgcError on values that cannot work."""
-    from ..config import PRESET_BATCH, TrainConfig, preset
+    from ..config import TrainConfig, preset, preset_batch, preset_lr
     from ..errors import ConfigError
     from ..threads import cpu_count
     a = build_parser().parse_args(argv)
     mcfg = preset(a.config, n_layer=a.n_layer, d_model=a.d_model, n_head=a.n_head, ctx=a.ctx)
-    batch = a.batch if a.batch is not None else PRESET_BATCH.get(a.config, 8)
+    batch = a.batch if a.batch is not None else preset_batch(a.config)  # overrides keep the preset's
     seq = a.seq or mcfg.ctx
     if a.seq < 0:
         raise ConfigError(f"--seq must be >= 0, got {a.seq}")
@@ -96,9 +127,8 @@ def parse(argv=None):
             raise ConfigError(f"--tokens must be >= 1, got {a.tokens}")
         steps = max(1, -(-a.tokens // (batch * seq)))
     if steps is None:
-        steps = 300
-    warmup = a.warmup if a.warmup is not None else max(0, steps // 20)
-    eval_every = a.eval_every if a.eval_every is not None else max(1, steps // 5)
+        steps = TrainConfig.steps
+    warmup, eval_every = a.warmup, a.eval_every  # None: TrainConfig derives them from steps
     if a.threads and a.threads > 4 * cpu_count():
         raise ConfigError(f"--threads {a.threads} is far beyond this machine's {cpu_count()} cores")
     if a.time is not None and a.time <= 0:
@@ -110,10 +140,10 @@ def parse(argv=None):
         warmup = a.warmup if a.warmup is not None else 20
         eval_every = a.eval_every if a.eval_every is not None else 200
     tc = TrainConfig(mode=a.mode, steps=steps,
-                     batch=batch, seq=a.seq, lr=a.lr, min_lr_frac=a.min_lr_frac, warmup=warmup,
+                     batch=batch, seq=a.seq, lr=a.lr if a.lr is not None else preset_lr(a.config), min_lr_frac=a.min_lr_frac, warmup=warmup,
                      weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=eval_every,
                      eval_batches=a.eval_batches, log_every=a.log_every, seed=a.seed,
-                     threads=a.threads, n_stages=a.n_stages if a.mode != "bp" else 1,
+                     threads=a.threads, n_stages=a.n_stages,
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,
                      max_staleness=a.max_staleness, on_nan=a.on_nan,
                      consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every)
@@ -128,6 +158,10 @@ def parse(argv=None):
         raise ConfigError("--out needs a folder name")
     if a.resume and not a.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
+    if a.no_save and a.out is not None:
+        raise ConfigError("give --out DIR or --no-save, not both")
+    if a.sample < 0:
+        raise ConfigError(f"--sample must be >= 0, got {a.sample}")
     return mcfg, tc, a
 
 
@@ -141,17 +175,55 @@ def _main(argv):
     from ..trainer import FaultHook, Trainer
     fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.trainer.FaultHook
     fault_hook = FaultHook(fault) if fault else None
-    if a.distributed == "mpi":
-        from ..distributed.run import run_ranks
-        return run_ranks(mcfg, tc, a, fault_hook)
     ds = load_dataset(a.dataset, data_dir=a.data_dir, log=lambda m: print(m, file=sys.stderr),
                       seq=tc.seq or mcfg.ctx)
-    trainer = Trainer(mcfg, tc, ds, a.out, resume=a.resume, force=a.force, json_lines=a.json,
+    out = a.out if a.out is not None or a.no_save else fresh_run_folder(f"{a.config}-{tc.mode}")
+    trainer = Trainer(mcfg, tc, ds, out, resume=a.resume, force=a.force, json_lines=a.json,
                       progress=not a.quiet, data_spec=a.dataset,
                       max_memory=None if a.max_memory is None else a.max_memory * 2**20,
                       time_limit=a.time, fault_hook=fault_hook)
-    trainer.run()
+    summary = trainer.run()
+    # with --json stdout is the machine's; the sample and the next commands are for the person
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else print
+    if a.sample and summary["steps"] > 0:
+        show_sample(trainer.model, ds.val, a.sample, say)
+    if out is not None and summary["checkpoint"]:
+        say(f"run kept in {out}; next:\n  " + "\n  ".join(c.format(out=out) for c in NEXT))
     return 0
+
+
+def fresh_run_folder(name):
+    """Create and return ``runs/NAME`` (``$NBRGC_RUNS/NAME``), or ``NAME-2``, ``NAME-3``, ... when
+    it exists: a run without --out never lands in an earlier run's folder. Creating the folder is
+    what claims the name, so two runs started at once get two folders."""
+    from ..errors import NbrgcError
+    root = os.environ.get("NBRGC_RUNS") or RUNS
+    try:
+        os.makedirs(root, exist_ok=True)
+        for n in range(1, 10**6):
+            path = os.path.join(root, name if n == 1 else f"{name}-{n}")
+            try:
+                os.mkdir(path)
+                return path
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise NbrgcError(f"cannot create a run folder in {root}: {exc.strerror or exc} "
+                         "(pass --out DIR or --no-save)") from None
+    raise NbrgcError(f"{root} holds a million runs named {name}: pass --out DIR")
+
+
+def show_sample(model, val, n_bytes, say):
+    """A few bytes from the trained model, continuing the first line of the held-out text."""
+    from ..sample import generate
+    text = bytes(val[:4096])
+    start = text.find(b"\n") + 1
+    prompt = text[start:start + min(24, model.cfg.ctx // 2)] or b"\n"
+    out = generate(model, prompt, n_bytes, temperature=0.8, top_k=40, seed=0)
+    body = (prompt + out).decode("utf-8", errors="replace").replace("\r", "")
+    say(f"sample ({n_bytes} bytes after a {len(prompt)}-byte prompt from the held-out text, "
+        "temperature 0.8, top-k 40):")
+    say("\n".join("  | " + line for line in body.split("\n")))
 
 
 if __name__ == "__main__":
