@@ -71,10 +71,10 @@ def plot_runs(runs, path, dpi=110):
             if xs:
                 ax.plot(np.asarray(xs) * per, ys, color=color, lw=1.6, marker="o", ms=3,
                         label=f"{what}validation")
-        title = f"{run['name']}: {run['mode']}" + (f", {K} stages" if K > 1 else "")
+        title = f"{run['name']}\n{run['mode']}" + (f", {K} stages" if K > 1 else "")
         final = (run.get("summary") or {}).get("val_bpb")
         if final is not None:
-            title += f" (val {final:.3f} bpb)"
+            title += f", final val {final:.3f} bpb"
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("training tokens")
         ax.grid(alpha=0.3)
