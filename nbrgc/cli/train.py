@@ -103,6 +103,10 @@ def build_parser():
     g = p.add_argument_group("machine")
     g.add_argument("--threads", type=int, default=D["threads"], help="total thread budget; 0: all cores")
     g.add_argument("--seed", type=int, default=D["seed"], help="initial weights and batch order")
+    g.add_argument("--distributed", choices=("none", "mpi"), default="none",
+                   help="mpi: run as the ranks of an mpiexec job (bp: data parallel; rgc-async: the "
+                        "stages on ranks); --threads is then each rank's budget (default: the "
+                        "machine's cores / the ranks on it)")
     g.add_argument("--max-memory", type=finite_number, default=None,
                    help="allowed peak memory in MiB (default: what is available)")
     return p
@@ -175,6 +179,9 @@ def _main(argv):
     from ..trainer import FaultHook, Trainer
     fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.trainer.FaultHook
     fault_hook = FaultHook(fault) if fault else None
+    if a.distributed == "mpi":
+        from ..distributed.run import run_ranks
+        return run_ranks(mcfg, tc, a, fault_hook)
     ds = load_dataset(a.dataset, data_dir=a.data_dir, log=lambda m: print(m, file=sys.stderr),
                       seq=tc.seq or mcfg.ctx)
     out = a.out if a.out is not None or a.no_save else fresh_run_folder(f"{a.config}-{tc.mode}")
