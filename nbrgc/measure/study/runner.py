@@ -25,7 +25,6 @@ from ...errors import DivergenceError, NbrgcError
 from ..runlog import val_curve
 
 EXIT_OK, EXIT_ERROR, EXIT_STOPPED, EXIT_BUSY = 0, 2, 3, 4
-_COSMETIC = ("log_every", "keep", "ckpt_every", "stage_workers", "attention")
 
 
 class RunStopped(NbrgcError):
