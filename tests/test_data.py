@@ -14,6 +14,12 @@ from nbrgc.data.text import split_sizes, MIN_BYTES
 from nbrgc.data import default as D
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _corpus_tool():
+    """tools/make_default_corpus.py, the build tool that wrote the shipped corpus (not in the package)."""
+    import runpy
+    return runpy.run_path(str(ROOT / "tools" / "make_default_corpus.py"))
 ENWIK6 = ROOT.parent / "shared" / "data" / "enwik6"
 
 
@@ -163,7 +169,9 @@ def test_default_corpus_loads():
 
 def test_default_corpus_is_reproducible_and_text_like():
     shipped = D.CORPUS_FILE.read_bytes()
-    assert D.generate_corpus() == shipped  # regenerate with: python -m nbrgc.data.default
+    tool = _corpus_tool()
+    assert tool["CORPUS_FILE"] == D.CORPUS_FILE.resolve()
+    assert tool["generate_corpus"]() == shipped  # rewrite with: python3 tools/make_default_corpus.py
     shipped.decode("ascii")
     import zlib
     ratio = len(zlib.compress(shipped, 6)) / len(shipped)
@@ -173,18 +181,17 @@ def test_default_corpus_is_reproducible_and_text_like():
     assert shipped.count(b"<doc ") == shipped.count(b"</doc>")
 
 
-def test_default_generated_when_not_shipped(tmp_path, monkeypatch):
+def test_default_missing_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(D, "CORPUS_FILE", tmp_path / "absent.txt")
-    monkeypatch.setattr(D, "TARGET_BYTES", 20_000)
-    monkeypatch.setattr(D, "generate_corpus", lambda: b"hello world. " * 2000)
-    ds = load_dataset("default", data_dir=tmp_path / "d", log=None)
-    assert len(ds) == 26_000
-    assert (tmp_path / "d" / f"default_corpus-v{D.VERSION}.txt").is_file()
+    with pytest.raises(DataError, match="bundled corpus .* is missing: reinstall nbrgc"):
+        load_dataset("default", data_dir=tmp_path / "d", log=None)
+    assert not (tmp_path / "d").exists()  # nothing is generated at run time
 
 
 def test_number_words():
-    assert D.number_words(0) == "zero" and D.number_words(42) == "forty-two"
-    assert D.number_words(115) == "one hundred and fifteen"
+    number_words = _corpus_tool()["number_words"]
+    assert number_words(0) == "zero" and number_words(42) == "forty-two"
+    assert number_words(115) == "one hundred and fifteen"
 
 
 # ------------------------------------------------------------------------------------------- batches

@@ -26,8 +26,8 @@ def text(request):
     try:
         return request.getfixturevalue("enwik6")
     except pytest.skip.Exception:
-        from nbrgc.data.default import generate_corpus
-        return np.frombuffer(generate_corpus(100_000), np.uint8)
+        from nbrgc.data.default import CORPUS_FILE
+        return np.fromfile(CORPUS_FILE, np.uint8)[:100_000]
 
 
 def run(mode, data, steps=20, cfg=TINY, seed=0, data_seed=1, dtype=np.float32, fault_hook=None,

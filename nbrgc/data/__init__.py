@@ -57,7 +57,7 @@ def load_dataset(spec, data_dir=None, log=print, download=True, *, url=None, pro
         ds = load_tinystories(data_dir, url=url, download=download, log=log, progress=progress)
     elif key == "default":
         from .default import load_default
-        ds = load_default(data_dir, log)
+        ds = load_default()
     elif key.startswith("text:"):
         path = s[5:].strip()
         if not path:
