@@ -22,7 +22,7 @@ import threading
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from nbrgc.measure import bench  # noqa: E402
-from nbrgc.config import PRESET_BATCH, TrainConfig, preset  # noqa: E402
+from nbrgc.config import TrainConfig, preset, preset_batch  # noqa: E402
 from nbrgc.measure.machine import describe_machine  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def main():
     p.add_argument("--out", default=None)
     a = p.parse_args()
     mcfg = preset(a.config)
-    B = PRESET_BATCH.get(a.config, 8)
+    B = preset_batch(a.config)
     tc = TrainConfig(mode="bp", steps=a.warmup_steps + a.steps, warmup=1, batch=B)
     rounds = []
     for r in range(a.repeats):

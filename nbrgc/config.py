@@ -92,10 +92,7 @@ def preset_lr(name):
 
 def batch_for(mcfg):
     """The batch of the preset ``mcfg`` equals, else the custom models' batch."""
-    for name, cfg in PRESETS.items():
-        if cfg == mcfg:
-            return PRESET_BATCH[name]
-    return BATCH_OF_CUSTOM_MODEL
+    return preset_batch(next((name for name, cfg in PRESETS.items() if cfg == mcfg), None))
 
 
 def preset(name, **overrides):

@@ -20,13 +20,13 @@ def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,
     raw figure, ``summary`` rows, ``gemm_peak``, ``kernel_profile``, ``notes``). ``kernel_profile``
     > 0 also times one BP step kernel by kernel, averaged over that many steps, in a fresh process
     per thread count and attention setting."""
-    from ...config import PRESET_BATCH, TrainConfig, preset
+    from ...config import TrainConfig, preset, preset_batch
     from ..machine import describe_machine, machine_line
     from ...model import Layout
     from ..peers import available
     log = log or (lambda msg: None)
     mcfg = preset(config, **(model_overrides or {}))
-    batch = batch if batch is not None else PRESET_BATCH.get(config, 8)
+    batch = batch if batch is not None else preset_batch(config)
     modes = list(modes)
     for name, v, lo in (("repeats", repeats, 1), ("steps", steps, 1), ("warmup_steps", warmup_steps, 0),
                         ("batch", batch, 1), ("seq", seq, 0), ("kernel_profile", kernel_profile, 0)):

@@ -113,12 +113,12 @@ def main(argv=None):
     """``python -m nbrgc.measure.study.fingerprint [preset]``: every arm's fingerprint on a preset (to compare
     machines or BLAS kernels, e.g. under OPENBLAS_CORETYPE=Haswell)."""
     import sys
-    from ...config import PRESET_BATCH, preset
+    from ...config import preset, preset_batch
     from .arms import ARMS, train_config
     name = (argv if argv is not None else sys.argv[1:]) or ["tiny"]
     mcfg = preset(name[0])
     from ..bench.plan import default_n_stages
-    base = dict(batch=PRESET_BATCH.get(name[0], 8), n_stages=default_n_stages(mcfg.n_layer))
+    base = dict(batch=preset_batch(name[0]), n_stages=default_n_stages(mcfg.n_layer))
     for arm in ARMS:
         print(arm, scheme_fingerprint(mcfg, train_config(arm, base, 0, 1e-3, 1000, 40)))
 

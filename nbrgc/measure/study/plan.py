@@ -52,7 +52,7 @@ class StudyPlan:
                  phase="all", data_dir=None, test_bytes=None, plot=True, log=None, command=None,
                  verbose=False, dataset_obj=None):
         from ..bench.plan import default_n_stages
-        from ...config import PRESET_BATCH, preset
+        from ...config import preset, preset_batch
         if not out:
             raise ConfigError("a study needs an output folder (--out DIR)")
         self.out = os.path.abspath(out)
@@ -86,7 +86,7 @@ class StudyPlan:
         self.sweep_frac, self.extend_sweep, self.phase, self.jobs = sweep_frac, extend_sweep, phase, jobs
         self.margin, self.conf, self.n_boot, self.test_bytes = margin, conf, n_boot, test_bytes
         self.plot, self.command, self.verbose = plot, command, verbose
-        self.batch = batch if batch is not None else PRESET_BATCH.get(config, 8)
+        self.batch = batch if batch is not None else preset_batch(config)
         self.seq = self.mcfg.ctx
         per_step = self.batch * self.seq
         if steps is None:
