@@ -15,14 +15,14 @@ import signal
 import sys
 import threading
 import time
-
-import numpy as np
+from dataclasses import dataclass
 
 from . import checkpoint as ckpt
 from .atomic import write_json
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
+from .faults import FaultHook  # noqa: F401  (nbrgc.trainer.FaultHook, as the CLI imports it)
 from .local import identity_init, split_stages
 from .memory import available_bytes, estimate, fmt_mib, peak_rss_mib
 from .model import Model
@@ -33,48 +33,60 @@ from .threads import cpu_count, describe, limit_blas, set_threads
 CONFIG_FILE = "run.json"
 
 
-class FaultHook:
-    """Fault injection for tests; nbrgc-train builds one from the environment variable NBRGC_FAULT.
-
-    ``raise:STAGE:STEP`` raises RuntimeError in that stage at that 0-based step (the step numbering
-    of error messages; the JSON log's ``step`` is that + 1); ``nan:STAGE:STEP`` fills that stage's
-    block parameters with NaN for that one step (restored when the stage starts its next step).
-    Join several with ``,``. bp has one stage, 0. rgc-async calls the hook in the stage's worker
-    thread; bp and rgc-sync call it for every stage before the step."""
-
-    def __init__(self, spec):
-        self.faults, self.saved, self.flat, self.ranges = set(), {}, None, None
-        for part in str(spec).split(","):
-            bits = part.strip().split(":")
-            if len(bits) != 3 or bits[0] not in ("raise", "nan") or not all(
-                    b.strip().isdigit() for b in bits[1:]):
-                raise ConfigError(f"NBRGC_FAULT: expected raise:STAGE:STEP or nan:STAGE:STEP, got {part!r}")
-            self.faults.add((bits[0], int(bits[1]), int(bits[2])))
-
-    def bind(self, model, ranges):
-        self.flat, self.ranges = model.flat, ranges
-
-    def __call__(self, k, t):
-        if k in self.saved:
-            lo, hi, old = self.saved.pop(k)
-            self.flat[lo:hi] = old
-        if ("raise", k, t) in self.faults:
-            raise RuntimeError(f"injected fault in stage {k} at step {t} (NBRGC_FAULT)")
-        if ("nan", k, t) in self.faults and self.ranges is not None and k < len(self.ranges):
-            lo, hi = self.ranges[k]
-            self.saved[k] = (lo, hi, self.flat[lo:hi].copy())
-            self.flat[lo:hi] = np.nan
+@dataclass
+class _Run:
+    """What one run holds while it trains: the model and scheme, the data streams and the counters."""
+    model: Model
+    scheme: object
+    stages: list               # (lo, hi) block ranges, one per stage
+    batches: object
+    held_out: list
+    eval_ws: object
+    t_start: float
+    est: dict                  # the memory estimate
+    start: int                 # the step this process started from
+    clock: "_TrainingClock"
+    step: int                  # steps submitted
+    done: int                  # steps finished
+    last_eval: dict = None
+    last_ckpt: str = None
+    bar: object = None
 
 
-def _resolve_data(data, log):
-    from .data import Dataset, load_dataset
-    if isinstance(data, Dataset):
-        return data
-    if isinstance(data, np.ndarray):
-        n = len(data)
-        cut = int(n * 0.9)
-        return Dataset(name="array", train=data[:cut], val=data[cut:], test=data[cut:], source="array")
-    return load_dataset(data if data is not None else "default", log=log)
+class _TrainingClock:
+    """Training throughput: tokens of steps over the time spent in steps, without start-up, pauses
+    (evaluation, checkpoints) and the first step of a process, which loads the kernels."""
+
+    def __init__(self, start, tokens_per_step):
+        self.first_timed, self.tokens_per_step = start + 1, tokens_per_step
+        self.train_time, self.timed_tokens, self.seg_t0 = 0.0, 0, time.perf_counter()
+
+    def restart(self):
+        """A training segment starts (after set-up or a pause)."""
+        self.seg_t0 = time.perf_counter()
+
+    def submitting(self, step, t):
+        if step == self.first_timed:
+            self.seg_t0 = t
+
+    def finished(self, step):
+        if step >= self.first_timed:
+            self.timed_tokens += self.tokens_per_step
+
+    def pause(self, step, now):
+        """The segment ends at ``now``, after ``step`` steps were submitted."""
+        if step > self.first_timed:
+            self.train_time += now - self.seg_t0
+
+    def tokens_per_s_at(self, now):
+        """The rate so far, the current segment up to ``now`` included (the log lines)."""
+        if not self.timed_tokens:
+            return 0.0
+        return self.timed_tokens / max(1e-9, self.train_time + now - self.seg_t0)
+
+    def tokens_per_s(self):
+        """The rate over the closed segments (the summary)."""
+        return self.timed_tokens / self.train_time if self.train_time > 0 else 0.0
 
 
 class Trainer:
@@ -101,7 +113,8 @@ class Trainer:
         self.data_spec = data_spec if data_spec is not None else (data if isinstance(data, str) else None)
         self._stop = threading.Event()
         self._stop_reason = None
-        self.data = _resolve_data(data, self.info)
+        from .data import as_dataset
+        self.data = as_dataset(data, self.info)
         for split in ("train", "val"):
             arr = getattr(self.data, split)
             if len(arr) < self.seq + 1:
@@ -131,8 +144,7 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
     def _run_meta(self):
         return {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode,
-                "n_stages": self.tc.n_stages if self.tc.mode != "bp" else 1,
-                "batch": self.tc.batch, "seq": self.seq, "seed": self.tc.seed}
+                "n_stages": self.tc.n_stages, "batch": self.tc.batch, "seq": self.seq, "seed": self.tc.seed}
 
     def _prepare_out(self):
         if self.out is None:
@@ -191,28 +203,46 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def run(self):
+        """Set up, train to the last step or a stop, checkpoint a stop, evaluate, summarise."""
+        r = self._set_up()
+        handlers = self._install_signals()
+        results = self._train(r, handlers)
+        self._log_steps_after_last_pause(r, results)
+        if r.bar is not None:
+            r.bar.close()
+        # The handlers stay until the stop checkpoint is written: a second Ctrl-C only repeats the
+        # request instead of killing the save.
+        try:
+            if self._stop.is_set():
+                self._checkpoint_stop(r)
+        finally:
+            self._restore_signals(handlers)
+        if r.last_eval is None and (r.step > r.start or r.start >= self.tc.steps):
+            r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
+        summary = self._summary(r)
+        self.emit(summary)
+        self.info(f"done: val bpb {summary['val_bpb'] if summary['val_bpb'] is None else round(summary['val_bpb'], 4)}"
+                  f", {summary['tokens']:,} tokens in {summary['wall_s']:.1f} s, {summary['tokens_per_s']:.0f} "
+                  f"tokens/s (training), peak RSS {summary['peak_rss_mib']:.0f} MiB, checkpoint {r.last_ckpt}")
+        if self._logf is not None:
+            self._logf.close()
+        self.model = r.model
+        return summary
+
+    def _set_up(self):
+        """The run folder, the thread budget, the memory check, the model and its scheme, the batch
+        streams and the step to start from."""
         from .data import Batches, eval_batches
         tc, mcfg = self.tc, self.mcfg
         t_start = time.perf_counter()
-        self._logf = None
-        self._prepare_out()
-        if self.out is not None:
-            self._logf = open(os.path.join(self.out, "log.jsonl"), "a")
+        self._open_run_folder()
         budget = tc.threads or cpu_count()
         limit_blas(1)
-        nt = set_threads(budget)
-        est = self._check_memory(nt)
+        est = self._check_memory(set_threads(budget))
         self.info(f"nbrgc: {describe()}")
         self.info(f"model {mcfg.to_dict()} | mode {tc.mode} | batch {tc.batch} x seq {self.seq} | "
                   f"steps {tc.steps} | data {self.data.name} ({len(self.data.train):,} train bytes)")
-        model = Model(mcfg, seed=tc.seed, attention=tc.attention)
-        self.info(f"parameters: {model.n_params:,}")
-        scheme = self._make_scheme(model)
-        stages = split_stages(mcfg.n_layer, tc.n_stages if tc.mode != "bp" else 1)
-        if tc.mode != "bp" and tc.stage_init == "identity":
-            identity_init(model, stages)
-        if hasattr(self.fault_hook, "bind"):
-            self.fault_hook.bind(model, [model.layout.block_range(lo, hi) for lo, hi in stages])
+        model, scheme, stages = self._build_model_and_scheme()
         batches = Batches(self.data.train, tc.batch, self.seq, seed=tc.seed)
         held_out = eval_batches(self.data.val, tc.batch, self.seq, tc.eval_batches, seed=tc.seed + 1)
         start, restored = 0, None
@@ -222,74 +252,67 @@ class Trainer:
             scheme.tune(tc.batch, self.seq)
             self.info(f"stage thread groups: {scheme.groups} (budget {budget}) on {scheme.W} worker(s) "
                       f"(stage k on worker k mod {scheme.W}), max staleness {tc.max_staleness}")
-        eval_ws = scheme.eval_workspace(self.tc.batch, self.seq)
-        handlers = self._install_signals()
-        tokens_per_step = tc.batch * self.seq
-        bar = None
+        r = _Run(model=model, scheme=scheme, stages=stages, batches=batches, held_out=held_out,
+                 eval_ws=scheme.eval_workspace(tc.batch, self.seq), t_start=t_start, est=est, start=start,
+                 clock=_TrainingClock(start, tc.batch * self.seq), step=start, done=start)
         if self.progress:
             from tqdm import tqdm
-            bar = tqdm(total=tc.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
-                       disable=None)
-        train_time, timed_tokens, last_eval, last_ckpt = 0.0, 0, None, None
+            r.bar = tqdm(total=tc.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
+                         disable=None)
         if start >= tc.steps:  # e.g. killed after its final checkpoint, before it could exit
-            last_ckpt = restored
+            r.last_ckpt = restored
             self.info(f"the run already reached step {start} of {tc.steps}: nothing to train "
-                      f"(final checkpoint {last_ckpt})")
-        step, done = start, start
-        seg_t0 = time.perf_counter()
-        first_timed = start + 1  # the first step of a process loads kernels: not throughput
+                      f"(final checkpoint {r.last_ckpt})")
+        r.clock.restart()
+        return r
 
-        def report(results, now):
-            nonlocal done, timed_tokens
-            for r in results:
-                done = r.step + 1
-                if r.step >= first_timed:
-                    timed_tokens += tokens_per_step
-                rec = {"step": done, "loss": r.loss, "bpb": r.loss / LN2, "lr": lr_at(r.step, tc),
-                       "grad_norm": r.grad_norm,
-                       "tokens_per_s": timed_tokens / max(1e-9, train_time + now - seg_t0)
-                       if timed_tokens else 0.0,
-                       "elapsed_s": now - t_start}
-                if len(r.stage_losses) > 1:
-                    rec["stage_bpb"] = [v / LN2 for v in r.stage_losses]
-                if r.skipped:
-                    rec["skipped"] = True
-                if done % tc.log_every == 0 or done == tc.steps:
-                    self.emit(rec)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{r.loss:.3f}", bpb=f"{r.loss / LN2:.3f}",
-                                    tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+    def _open_run_folder(self):
+        self._logf = None
+        self._prepare_out()
+        if self.out is not None:
+            self._logf = open(os.path.join(self.out, "log.jsonl"), "a")
 
+    def _build_model_and_scheme(self):
+        tc = self.tc
+        model = Model(self.mcfg, seed=tc.seed, attention=tc.attention)
+        self.info(f"parameters: {model.n_params:,}")
+        scheme = self._make_scheme(model)
+        stages = split_stages(self.mcfg.n_layer, tc.n_stages)
+        if tc.mode != "bp" and tc.stage_init == "identity":
+            identity_init(model, stages)
+        if hasattr(self.fault_hook, "bind"):
+            self.fault_hook.bind(model, [model.layout.block_range(lo, hi) for lo, hi in stages])
+        return model, scheme, stages
+
+    def _train(self, r, handlers):
+        """Submit steps until the last one or a stop; pause the scheme at every evaluation, checkpoint
+        or stop point. Returns the results of steps still in flight when the loop ended."""
+        tc, scheme = self.tc, r.scheme
         try:
-            while step < tc.steps and not self._stop.is_set():
-                x, y = batches.next()
-                t_sub = time.perf_counter()
-                if step == first_timed:
-                    seg_t0 = t_sub
+            while r.step < tc.steps and not self._stop.is_set():
+                x, y = r.batches.next()
+                r.clock.submitting(r.step, time.perf_counter())
                 if self.fault_hook is not None and tc.mode != "rgc-async":
-                    for k in range(len(stages)):
-                        self.fault_hook(k, step)
-                scheme.submit(step, x, y, lr_at(step, tc))
-                step += 1
+                    for k in range(len(r.stages)):
+                        self.fault_hook(k, r.step)
+                scheme.submit(r.step, x, y, lr_at(r.step, tc))
+                r.step += 1
                 results = scheme.poll()
-                time_up = self.time_limit is not None and time.perf_counter() - t_start >= self.time_limit
-                time_up = self._agree_stop(step, time_up)
+                time_up = self.time_limit is not None and time.perf_counter() - r.t_start >= self.time_limit
+                time_up = self._agree_stop(r.step, time_up)
                 # decided once, before the results are reported: a stop requested while reporting
                 # (a signal, a callback) must not save a pipeline that has not been drained
-                pause = bool((tc.eval_every and step % tc.eval_every == 0) or step == tc.steps or (
-                    tc.ckpt_every and step % tc.ckpt_every == 0) or time_up or self._stop.is_set())
+                pause = self._is_pause(r.step, time_up)
                 if pause:
                     results += scheme.drain()
                 now = time.perf_counter()
-                report(results, now)
+                self._log_steps(r, results, now)
                 if pause:
-                    if step > first_timed:
-                        train_time += now - seg_t0
-                    if (tc.eval_every and step % tc.eval_every == 0) or step == tc.steps or time_up:
-                        last_eval = self._evaluate(model, held_out, stages, eval_ws, step, t_start)
-                    last_ckpt = self._save(model, scheme, batches, step) or last_ckpt
-                    seg_t0 = time.perf_counter()
+                    r.clock.pause(r.step, now)
+                    if self._is_eval(r.step) or time_up:
+                        r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
+                    r.last_ckpt = self._save(r.model, scheme, r.batches, r.step) or r.last_ckpt
+                    r.clock.restart()
                     if time_up:
                         break
         except KeyboardInterrupt:
@@ -305,34 +328,59 @@ class Trainer:
                 raise
             finally:
                 scheme.close()
-        # steps finished after the last pause (a stop between boundaries) are logged like the others
+        return results
+
+    def _is_eval(self, step):
+        return bool(self.tc.eval_every and step % self.tc.eval_every == 0) or step == self.tc.steps
+
+    def _is_pause(self, step, time_up):
+        """Whether the scheme stops at this step boundary: to evaluate, checkpoint or stop."""
+        return self._is_eval(step) or bool(self.tc.ckpt_every and step % self.tc.ckpt_every == 0) or (
+            time_up or self._stop.is_set())
+
+    def _log_steps(self, r, results, now):
+        """One log record per finished step (emitted every ``log_every`` steps and at the last) and
+        the progress bar."""
+        tc = self.tc
+        for res in results:
+            r.done = res.step + 1
+            r.clock.finished(res.step)
+            rec = {"step": r.done, "loss": res.loss, "bpb": res.loss / LN2, "lr": lr_at(res.step, tc),
+                   "grad_norm": res.grad_norm, "tokens_per_s": r.clock.tokens_per_s_at(now),
+                   "elapsed_s": now - r.t_start}
+            if len(res.stage_losses) > 1:
+                rec["stage_bpb"] = [v / LN2 for v in res.stage_losses]
+            if res.skipped:
+                rec["skipped"] = True
+            if r.done % tc.log_every == 0 or r.done == tc.steps:
+                self.emit(rec)
+            if r.bar is not None:
+                r.bar.update(1)
+                r.bar.set_postfix(loss=f"{res.loss:.3f}", bpb=f"{res.loss / LN2:.3f}",
+                                  tok_s=f"{rec['tokens_per_s']:.0f}", refresh=False)
+
+    def _log_steps_after_last_pause(self, r, results):
+        """Steps finished after the last pause (a stop between boundaries) are logged like the others."""
         now = time.perf_counter()
-        if results and step > first_timed:
-            train_time += now - seg_t0
-        report(results, now)
-        if bar is not None:
-            bar.close()
-        # The handlers stay until the stop checkpoint is written: a second Ctrl-C only repeats the
-        # request instead of killing the save.
-        try:
-            if self._stop.is_set():
-                if step > done:  # pragma: no cover - drain always completes submitted steps
-                    step = done
-                last_ckpt = self._save(model, scheme, batches, step) or last_ckpt
-                self.info(f"{self._stop_reason}: " + (f"checkpoint written at step {step}" if self.out is not None
-                          else f"stopped at step {step} (no --out: nothing saved)"))
-        finally:
-            self._restore_signals(handlers)
-        if last_eval is None and (step > start or start >= tc.steps):
-            last_eval = self._evaluate(model, held_out, stages, eval_ws, step, t_start)
-        wall = time.perf_counter() - t_start
-        summary = {"summary": True, "mode": tc.mode, "steps": step,
-                   "val_bpb": (last_eval or {}).get("val_bpb"),
-                   "val_stage_bpb": (last_eval or {}).get("val_stage_bpb"),
-                   "tokens": (step - start) * tokens_per_step, "wall_s": wall,
-                   "tokens_per_s": timed_tokens / train_time if train_time > 0 else 0.0,
-                   "peak_rss_mib": peak_rss_mib(), "expected_mib": est["total"] / 2**20,
-                   "checkpoint": last_ckpt, "stopped": self._stop_reason}
+        if results:
+            r.clock.pause(r.step, now)
+        self._log_steps(r, results, now)
+
+    def _checkpoint_stop(self, r):
+        if r.step > r.done:  # pragma: no cover - drain always completes submitted steps
+            r.step = r.done
+        r.last_ckpt = self._save(r.model, r.scheme, r.batches, r.step) or r.last_ckpt
+        self.info(f"{self._stop_reason}: " + (f"checkpoint written at step {r.step}" if self.out is not None
+                  else f"stopped at step {r.step} (no --out: nothing saved)"))
+
+    def _summary(self, r):
+        tc, scheme = self.tc, r.scheme
+        summary = {"summary": True, "mode": tc.mode, "steps": r.step,
+                   "val_bpb": (r.last_eval or {}).get("val_bpb"),
+                   "val_stage_bpb": (r.last_eval or {}).get("val_stage_bpb"),
+                   "tokens": (r.step - r.start) * tc.batch * self.seq, "wall_s": time.perf_counter() - r.t_start,
+                   "tokens_per_s": r.clock.tokens_per_s(), "peak_rss_mib": peak_rss_mib(),
+                   "expected_mib": r.est["total"] / 2**20, "checkpoint": r.last_ckpt, "stopped": self._stop_reason}
         if tc.mode == "rgc-async":
             summary["stage_threads"] = scheme.groups
             summary["stage_workers"] = scheme.W
@@ -340,13 +388,6 @@ class Trainer:
             prof = scheme.stage_profile()  # since the workers started: the whole run (they persist)
             summary["stage_busy_frac"] = prof["busy_frac"]
             summary["stage_wait_s"] = prof["wait_s"]
-        self.emit(summary)
-        self.info(f"done: val bpb {summary['val_bpb'] if summary['val_bpb'] is None else round(summary['val_bpb'], 4)}"
-                  f", {summary['tokens']:,} tokens in {wall:.1f} s, {summary['tokens_per_s']:.0f} tokens/s "
-                  f"(training), peak RSS {summary['peak_rss_mib']:.0f} MiB, checkpoint {last_ckpt}")
-        if self._logf is not None:
-            self._logf.close()
-        self.model = model
         return summary
 
     def _evaluate(self, model, held_out, stages, ws, step, t_start):
@@ -377,8 +418,7 @@ class Trainer:
         return ckpt.save(self.out, step, arrays, meta, keep=self.tc.keep)
 
     def _restore(self, model, scheme, batches):
-        expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode,
-                  "n_stages": self.tc.n_stages if self.tc.mode != "bp" else 1}
+        expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode, "n_stages": self.tc.n_stages}
         found = ckpt.latest(self.out, expect=expect, log=self.info)
         if found is None:
             self.info(f"no checkpoint in {self.out}: starting from step 0")

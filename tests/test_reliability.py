@@ -9,7 +9,7 @@
 * an exception in any rgc-async stage ends the run promptly with that stage's error, no thread left;
 * the output folder, the memory bound and up-front validation of flags.
 
-Faults are injected with ``NBRGC_FAULT`` (see :class:`nbrgc.trainer.FaultHook`). Everything uses the
+Faults are injected with ``NBRGC_FAULT`` (see :class:`nbrgc.faults.FaultHook`). Everything uses the
 tiny preset and one thread; the subprocesses load the cached kernels.
 """
 import json
@@ -382,7 +382,8 @@ def test_rgc_async_stage_fault_in_process_leaves_no_thread():
     stage thread is left running (checked from a watchdog so a deadlock fails instead of hanging)."""
     from nbrgc.config import TrainConfig, preset
     from nbrgc.errors import StageError
-    from nbrgc.trainer import FaultHook, Trainer
+    from nbrgc.faults import FaultHook
+    from nbrgc.trainer import Trainer
     data = np.frombuffer(bytes(range(256)) * 40, np.uint8)
     mcfg = preset("tiny", n_layer=4)
     for stage in range(4):

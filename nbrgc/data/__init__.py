@@ -19,7 +19,7 @@ from .batches import Batches, eval_batches
 from .download import data_dir
 from .text import Dataset, load_text
 
-__all__ = ["load_dataset", "Dataset", "Batches", "eval_batches", "data_dir", "CHOICES"]
+__all__ = ["load_dataset", "as_dataset", "Dataset", "Batches", "eval_batches", "data_dir", "CHOICES"]
 
 CHOICES = ("enwik8", "tinystories", "default", "text:PATH", "a path to a file or folder")
 _CHOICES_TEXT = ", ".join(CHOICES[:-1]) + " or " + CHOICES[-1]
@@ -80,3 +80,15 @@ def load_dataset(spec, data_dir=None, log=print, download=True, *, url=None, pro
     if seq is not None:
         ds.check_min(seq)
     return ds
+
+
+def as_dataset(data, log=print) -> Dataset:
+    """What a Trainer accepts as data: a Dataset as is, a 1-D uint8 array (90% train, the rest both
+    val and test), else a :func:`load_dataset` spec (None: ``default``)."""
+    import numpy as np
+    if isinstance(data, Dataset):
+        return data
+    if isinstance(data, np.ndarray):
+        cut = int(len(data) * 0.9)
+        return Dataset(name="array", train=data[:cut], val=data[cut:], test=data[cut:], source="array")
+    return load_dataset(data if data is not None else "default", log=log)
