@@ -1,13 +1,11 @@
 """Asynchronous RGC: Python worker threads running nogil Numba code, each with its own thread group,
 stage k on micro-batch t while stage k+1 works on t-1.
 
-Workers: stage k runs on worker k mod W (``stage_workers``; by default one per stage, or, when the
-thread budget is smaller than K, the most workers with equal shares of the stages). A worker runs
-its stages' steps in (step, stage) order and reuses one workspace for them: no gradient crosses a
-stage boundary, so a stage's activations are dead once its step ends, and memory grows with W, not
-with K. Every wait below is on a step that comes earlier in (step, stage) order, so any W from 1 to
-K runs without deadlock, and since no result depends on timing, W changes only speed and memory,
-never a bit of the losses.
+Workers: stage k runs on worker k mod W (the rule: :func:`nbrgc.config.resolve_stage_workers`). A
+worker runs its stages' steps in (step, stage) order and reuses one workspace for them. Every wait
+below is on a step that comes earlier in (step, stage) order, so any W from 1 to K runs without
+deadlock, and since no result depends on timing, W changes only speed and memory, never a bit of
+the losses.
 
 Hand-offs and bounds (all buffers preallocated once, sized by the staleness bound S):
 
@@ -44,6 +42,7 @@ from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward,
 from ..optim import clip_scale
 from ..threads import cpu_count, set_threads
 from . import StepResult
+from .autotune import autotune_groups
 from .common import SchemeBase
 
 _WAIT = 0.05
@@ -51,50 +50,6 @@ _WAIT = 0.05
 
 class _Stopped(Exception):
     pass
-
-
-def autotune_groups(model, stages, budget, B, T, log=None, reps=2):
-    """Thread groups that balance the pipeline: time one stage's forward+backward at each group size
-    (all stages run the same number of blocks), then hand threads one by one to the stage whose
-    step is slowest. With no more threads than stages there is nothing to choose."""
-    K = len(stages)
-    if budget <= K:
-        return [1] * K
-    lo, hi = stages[0]
-    ws = model.workspace(B, T, 0, hi - lo)
-    x = np.zeros((B, T), np.int32)
-    y = np.zeros((B, T), np.int32)
-    G = np.zeros_like(model.grad_flat)
-    gdec = np.zeros(model.layout.decoder_range[1] - model.layout.decoder_range[0], model.dtype)
-
-    def one_step():
-        out = model.forward_blocks(model.embed(x, ws), lo, hi, ws)
-        _, dh = model.decoder_loss_and_grad(out, y, ws, gdec=gdec)
-        model.backward_blocks(dh, lo, hi, ws, grad_flat=G)
-
-    timings = {}
-    prev = set_threads(budget)
-    try:
-        import numba
-        for n in range(1, min(budget - K + 1, numba.config.NUMBA_NUM_THREADS) + 1):
-            set_threads(n)
-            one_step()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                one_step()
-            timings[n] = (time.perf_counter() - t0) / reps
-    finally:
-        set_threads(prev)
-    groups = [1] * K
-    for _ in range(budget - K):
-        k = max(range(K), key=lambda i: (timings[groups[i]], -i))
-        if groups[k] + 1 not in timings or timings[groups[k] + 1] >= timings[groups[k]]:
-            break  # more threads would not make the slowest stage faster
-        groups[k] += 1
-    if log:
-        log("stage-thread autotune: " + ", ".join(f"{n} thr {t * 1e3:.0f} ms" for n, t in
-                                                  timings.items()) + f" -> groups {groups}")
-    return groups
 
 
 class RGCAsync(SchemeBase):
