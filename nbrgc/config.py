@@ -48,10 +48,6 @@ class ModelConfig:
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
 
-    @property
-    def head_dim(self):
-        return self.d_model // self.n_head
-
     def to_dict(self):
         return asdict(self)
 

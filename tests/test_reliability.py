@@ -1,4 +1,4 @@
-"""Reliability of nbrgc-train end to end (issue 6): nothing lost, nothing hung, nothing silently wrong.
+"""Reliability of nbrgc-train end to end: nothing lost, nothing hung, nothing silently wrong.
 
 * corrupt / truncated / wrong-version checkpoints are named and skipped on --resume; an intact
   checkpoint of another run (wrong config) is refused with its name;

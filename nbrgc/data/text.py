@@ -33,10 +33,6 @@ class Dataset:
         self.source = str(source)
         self.split_kind = split
 
-    @property
-    def splits(self):
-        return {"train": self.train, "val": self.val, "test": self.test}
-
     def split(self, name):
         """The split called ``name`` (``train``, ``val``/``valid``/``validation`` or ``test``)."""
         key = {"valid": "val", "validation": "val"}.get(name, name)
