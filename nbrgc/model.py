@@ -9,7 +9,7 @@ import numpy as np
 
 from .config import ModelConfig, check_attention
 from .errors import ConfigError
-from .kernels.blocks import (BLOCK_PARAMS, BlockActivations, BlockScratch, blocks_bwd, blocks_fwd,
+from .kernels.blocks import (BLOCK_PARAMS, BLOCKS_BWD, BLOCKS_FWD, BlockActivations, BlockScratch,
                              decoder_fwd, decoder_fwd_bwd, decoder_logits)
 from .kernels.embedding import embedding_bwd, embedding_fwd
 
@@ -238,8 +238,8 @@ class Model:
         """Run blocks lo..hi-1 on ``h_in`` (B*T, d), saving activations in ``ws``; returns the output."""
         if h_in is not ws.resid[0]:
             ws.resid[0][...] = h_in
-        blocks_fwd(self.flat, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.acts,
-                   ws.scratch, _threads())
+        BLOCKS_FWD[ws.attention](self.flat, self.layout.block_offs, lo, hi, ws.B, ws.T,
+                                 self.cfg.n_head, ws.acts, ws.scratch, _threads())
         return ws.resid[hi - lo]
 
     def backward_blocks(self, dh_out, lo, hi, ws, grad_flat=None):
@@ -248,8 +248,8 @@ class Model:
         G = self.grad_flat if grad_flat is None else grad_flat
         if dh_out is not ws.dresid:
             ws.dresid[...] = dh_out
-        blocks_bwd(self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T, self.cfg.n_head, ws.acts,
-                   ws.scratch, ws.dresid, _threads(), _plan())
+        BLOCKS_BWD[ws.attention](self.flat, G, self.layout.block_offs, lo, hi, ws.B, ws.T,
+                                 self.cfg.n_head, ws.acts, ws.scratch, ws.dresid, _threads(), _plan())
         return ws.dresid
 
     def decoder_loss_and_grad(self, h, y, ws, gdec=None, pdec=None):

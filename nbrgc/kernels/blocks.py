@@ -7,12 +7,20 @@ GIL between kernels.
 What is kept per block for the backward: the block input, both LayerNorm statistics, qkv, the attention
 probabilities, the attention output, the mid-block residual and the MLP pre-activation. LayerNorm
 outputs and the GELU output are recomputed (one cheap elementwise pass each) instead of stored.
-With ``probs`` of size 0 (``attention="recompute"``) the probabilities are not kept either: the
-backward recomputes them, one head at a time, into ``probs_scratch``.
+With ``attention="recompute"`` (``probs`` of size 0) the probabilities are not kept either: the
+backward recomputes them, one head at a time, into ``probs_scratch``. Each way has its own entry
+points (:data:`BLOCKS_FWD`, :data:`BLOCKS_BWD`), chosen in Python, so a run compiles only the
+attention kernels it uses.
+
+The block bodies call every kernel through :func:`run` by a name; compiled, that is the plain call,
+and run as Python they are the profile's replay (:func:`replay`, :mod:`nbrgc.profile`): one sequence
+of kernels for both.
 """
 from collections import namedtuple
+from contextlib import contextmanager
 
-from numba import njit, prange
+from numba import literally, njit, prange, types
+from numba.extending import overload
 
 from .attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
 from .gemm import linear_bwd, linear_fwd, matmul
@@ -69,35 +77,136 @@ def _mat(P, o, r, c):
     return P[o:o + r * c].reshape((r, c))
 
 
+# Every kernel a block calls, by the name the profile reports it under (nbrgc.profile).
+KERNELS = {
+    "layernorm fwd": layernorm_fwd, "qkv gemm fwd": linear_fwd, "attention fwd": attention_fwd,
+    "attention fwd (keeps no probabilities)": attention_fwd_lean, "residual+bias": _copy_add_bias,
+    "attn-out gemm fwd": matmul, "mlp-up gemm fwd": matmul, "bias+gelu fwd": bias_gelu_fwd,
+    "mlp-down gemm fwd": matmul,
+    "gelu recompute": gelu_fwd, "mlp-down gemm bwd": linear_bwd, "gelu bwd": gelu_bwd,
+    "layernorm recompute": layernorm_apply, "mlp-up gemm bwd": linear_bwd, "layernorm bwd": layernorm_bwd,
+    "attn-out gemm bwd": linear_bwd, "attention bwd": attention_bwd,
+    "attention bwd (recomputes probabilities)": attention_bwd_lean, "qkv gemm bwd": linear_bwd,
+}
+# What run() hands each kernel call to when the block bodies run as Python: (label, kernel, *args).
+_hook = None
+
+
+def run(label, *args):
+    """Call the kernel named ``label`` (:data:`KERNELS`). Compiled, this is the plain call, resolved
+    at compile time; run as Python (the bodies' ``py_func``, see :func:`replay`), it goes through
+    the hook, which is how the profile times the production sequence kernel by kernel."""
+    kernel = KERNELS[label]
+    if _hook is None:
+        return kernel(*args)
+    return _hook(label, kernel, *args)
+
+
+@overload(run)
+def _run(label, *args):
+    if not isinstance(label, types.StringLiteral):
+        return None  # Numba retries with the literal label
+    kernel = KERNELS[label.literal_value]
+
+    def impl(label, *args):
+        kernel(*args)
+    return impl
+
+
+@contextmanager
+def replay(hook):
+    """Within this, the Python forms of the block bodies hand every kernel call to ``hook``."""
+    global _hook
+    old, _hook = _hook, hook
+    try:
+        yield
+    finally:
+        _hook = old
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
-def blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt):
-    """``acts.resid[0]`` is the input of block ``lo``; fills ``acts.resid[1..hi-lo]`` and the other
-    saved activations (:class:`BlockActivations`), using ``scr`` (:class:`BlockScratch`)."""
+def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
+    # ``attention`` is a compile-time literal: the branch not taken is pruned before typing, so a
+    # run compiles only the attention kernels it uses
+    literally(attention)
     d = acts.resid.shape[2]
-    keep = acts.probs.shape[1] > 0
     for l in range(lo, hi):
         i = l - lo
         o = offs[l]
         x, mid, out = acts.resid[i], acts.mid[i], acts.resid[i + 1]
-        layernorm_fwd(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), scr.ln_out,
-                      acts.ln1_mean[i], acts.ln1_rstd[i])
-        linear_fwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d), acts.qkv[i], nt)
-        if keep:
-            attention_fwd(acts.qkv[i], B, T, H, acts.probs[i], acts.att_out[i])
+        run("layernorm fwd", x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), scr.ln_out,
+            acts.ln1_mean[i], acts.ln1_rstd[i])
+        run("qkv gemm fwd", scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d),
+            acts.qkv[i], nt)
+        if attention == "store":
+            run("attention fwd", acts.qkv[i], B, T, H, acts.probs[i], acts.att_out[i])
         else:
-            attention_fwd_lean(acts.qkv[i], B, T, H, scr.probs_scratch, acts.att_out[i])
-        _copy_add_bias(x, _vec(P, o[PROJ_B], d), mid)
-        matmul(acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
-        layernorm_fwd(mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), scr.ln_out,
-                      acts.ln2_mean[i], acts.ln2_rstd[i])
-        matmul(scr.ln_out, _mat(P, o[UP_W], d, 4 * d), acts.mlp_pre[i], 0.0, nt)
-        bias_gelu_fwd(acts.mlp_pre[i], _vec(P, o[UP_B], 4 * d), scr.gelu_out)
-        _copy_add_bias(mid, _vec(P, o[DOWN_B], d), out)
-        matmul(scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), out, 1.0, nt)
+            run("attention fwd (keeps no probabilities)", acts.qkv[i], B, T, H, scr.probs_scratch,
+                acts.att_out[i])
+        run("residual+bias", x, _vec(P, o[PROJ_B], d), mid)
+        run("attn-out gemm fwd", acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
+        run("layernorm fwd", mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), scr.ln_out,
+            acts.ln2_mean[i], acts.ln2_rstd[i])
+        run("mlp-up gemm fwd", scr.ln_out, _mat(P, o[UP_W], d, 4 * d), acts.mlp_pre[i], 0.0, nt)
+        run("bias+gelu fwd", acts.mlp_pre[i], _vec(P, o[UP_B], 4 * d), scr.gelu_out)
+        run("residual+bias", mid, _vec(P, o[DOWN_B], d), out)
+        run("mlp-down gemm fwd", scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), out, 1.0, nt)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
+def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention):
+    literally(attention)  # as in _blocks_fwd
+    d = acts.resid.shape[2]
+    for l in range(hi - 1, lo - 1, -1):
+        i = l - lo
+        o = offs[l]
+        x, mid = acts.resid[i], acts.mid[i]
+        # MLP: out = mid + gelu(ln2(mid) @ w1 + b1) @ w2 + b2
+        run("gelu recompute", acts.mlp_pre[i], scr.gelu_out)
+        run("mlp-down gemm bwd", scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), dresid, scr.dgelu,
+            _mat(G, o[DOWN_W], 4 * d, d), _vec(G, o[DOWN_B], d), nt, 0.0, plan[0], plan[1])
+        run("gelu bwd", acts.mlp_pre[i], scr.dgelu)
+        run("layernorm recompute", mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d),
+            acts.ln2_mean[i], acts.ln2_rstd[i], scr.ln_out)
+        run("mlp-up gemm bwd", scr.ln_out, _mat(P, o[UP_W], d, 4 * d), scr.dgelu, scr.dln2,
+            _mat(G, o[UP_W], d, 4 * d), _vec(G, o[UP_B], 4 * d), nt, 0.0, plan[2], plan[3])
+        run("layernorm bwd", scr.dln2, mid, _vec(P, o[LN2_W], d), acts.ln2_mean[i],
+            acts.ln2_rstd[i], dresid, _vec(G, o[LN2_W], d), _vec(G, o[LN2_B], d),
+            scr.ln_partials, nt, 1.0)
+        # attention: mid = x + attn(ln1(x)) @ wo + bo
+        run("attn-out gemm bwd", acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
+            _mat(G, o[PROJ_W], d, d), _vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
+        if attention == "store":
+            run("attention bwd", scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.dprobs,
+                scr.dqkv)
+        else:
+            run("attention bwd (recomputes probabilities)", scr.datt, acts.qkv[i], B, T, H,
+                scr.probs_scratch, scr.dprobs, scr.dqkv)
+        run("layernorm recompute", x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d),
+            acts.ln1_mean[i], acts.ln1_rstd[i], scr.ln_out)
+        run("qkv gemm bwd", scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), scr.dqkv, scr.dln1,
+            _mat(G, o[QKV_W], d, 3 * d), _vec(G, o[QKV_B], 3 * d), nt, 0.0, plan[6], plan[7])
+        run("layernorm bwd", scr.dln1, x, _vec(P, o[LN1_W], d), acts.ln1_mean[i],
+            acts.ln1_rstd[i], dresid, _vec(G, o[LN1_W], d), _vec(G, o[LN1_B], d),
+            scr.ln_partials, nt, 1.0)
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def blocks_fwd_store(P, offs, lo, hi, B, T, H, acts, scr, nt):
+    """``acts.resid[0]`` is the input of block ``lo``; fills ``acts.resid[1..hi-lo]`` and the other
+    saved activations (:class:`BlockActivations`), the attention probabilities included, using
+    ``scr`` (:class:`BlockScratch`)."""
+    _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, "store")
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def blocks_fwd_recompute(P, offs, lo, hi, B, T, H, acts, scr, nt):
+    """:func:`blocks_fwd_store` keeping no attention probabilities (``acts.probs`` has size 0)."""
+    _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, "recompute")
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def blocks_bwd_store(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
     """``dresid`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of lo).
 
     ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
@@ -108,37 +217,19 @@ def blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
     side by side (plan value TASKS); see :class:`nbrgc.model.Workspace` for which scratch buffers
     share memory and why that is safe.
     """
-    d = acts.resid.shape[2]
-    keep = acts.probs.shape[1] > 0
-    for l in range(hi - 1, lo - 1, -1):
-        i = l - lo
-        o = offs[l]
-        x, mid = acts.resid[i], acts.mid[i]
-        # MLP: out = mid + gelu(ln2(mid) @ w1 + b1) @ w2 + b2
-        gelu_fwd(acts.mlp_pre[i], scr.gelu_out)
-        linear_bwd(scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), dresid, scr.dgelu,
-                   _mat(G, o[DOWN_W], 4 * d, d), _vec(G, o[DOWN_B], d), nt, 0.0, plan[0], plan[1])
-        gelu_bwd(acts.mlp_pre[i], scr.dgelu)
-        layernorm_apply(mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), acts.ln2_mean[i],
-                        acts.ln2_rstd[i], scr.ln_out)
-        linear_bwd(scr.ln_out, _mat(P, o[UP_W], d, 4 * d), scr.dgelu, scr.dln2,
-                   _mat(G, o[UP_W], d, 4 * d), _vec(G, o[UP_B], 4 * d), nt, 0.0, plan[2], plan[3])
-        layernorm_bwd(scr.dln2, mid, _vec(P, o[LN2_W], d), acts.ln2_mean[i], acts.ln2_rstd[i],
-                      dresid, _vec(G, o[LN2_W], d), _vec(G, o[LN2_B], d), scr.ln_partials, nt, 1.0)
-        # attention: mid = x + attn(ln1(x)) @ wo + bo
-        linear_bwd(acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
-                   _mat(G, o[PROJ_W], d, d), _vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
-        if keep:
-            attention_bwd(scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.dprobs, scr.dqkv)
-        else:
-            attention_bwd_lean(scr.datt, acts.qkv[i], B, T, H, scr.probs_scratch, scr.dprobs,
-                               scr.dqkv)
-        layernorm_apply(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), acts.ln1_mean[i],
-                        acts.ln1_rstd[i], scr.ln_out)
-        linear_bwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), scr.dqkv, scr.dln1,
-                   _mat(G, o[QKV_W], d, 3 * d), _vec(G, o[QKV_B], 3 * d), nt, 0.0, plan[6], plan[7])
-        layernorm_bwd(scr.dln1, x, _vec(P, o[LN1_W], d), acts.ln1_mean[i], acts.ln1_rstd[i],
-                      dresid, _vec(G, o[LN1_W], d), _vec(G, o[LN1_B], d), scr.ln_partials, nt, 1.0)
+    _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, "store")
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def blocks_bwd_recompute(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
+    """:func:`blocks_bwd_store` after :func:`blocks_fwd_recompute`: recomputes each block's
+    attention probabilities, one head at a time, into ``scr.probs_scratch``."""
+    _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, "recompute")
+
+
+# The entry points for each way of handling the attention probabilities (ModelConfig's attention).
+BLOCKS_FWD = {"store": blocks_fwd_store, "recompute": blocks_fwd_recompute}
+BLOCKS_BWD = {"store": blocks_bwd_store, "recompute": blocks_bwd_recompute}
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
