@@ -1,9 +1,9 @@
 """Per-kernel time breakdown of one training step.
 
 The production path runs a whole block range as one nogil Numba call, which no profiler can see into.
-This module replays exactly the same kernels in the same order from Python, timing each call; a test
-checks that the replay produces the production gradients bit for bit, so the breakdown cannot drift
-from the code it describes.
+This module runs the same block bodies as Python (their ``py_func``), so the same kernels are called
+in the same order, each call timed; a test checks that the replay produces the production gradients
+bit for bit.
 
     python -m nbrgc.profile --config paper --batch 8 --threads 2
 """
@@ -16,13 +16,8 @@ from collections import defaultdict
 import numba
 import numpy as np
 
-from .kernels.attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
-from .kernels.blocks import (DOWN_B, DOWN_W, LN1_B, LN1_W, LN2_B, LN2_W, PROJ_B, PROJ_W, QKV_B, QKV_W,
-                            UP_B, UP_W, _copy_add_bias, decoder_fwd_bwd)
+from .kernels import blocks
 from .kernels.embedding import embedding_bwd, embedding_fwd
-from .kernels.gemm import linear_bwd, linear_fwd, matmul
-from .kernels.layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
-from .kernels.mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
 
 
 class Timer:
@@ -39,74 +34,33 @@ class Timer:
 
 
 def profiled_loss_and_grad(model, x, y, timer):
-    """model.loss_and_grad, kernel by kernel (same kernels, same order, same buffers)."""
+    """model.loss_and_grad, kernel by kernel: the block bodies themselves
+    (:func:`nbrgc.kernels.blocks._blocks_fwd`, ``_blocks_bwd``) run as Python, every kernel call
+    timed (same kernels, same order, same buffers)."""
     cfg, P, G = model.cfg, model.flat, model.grad_flat
-    d, H, L = cfg.d_model, cfg.n_head, cfg.n_layer
+    H, L = cfg.n_head, cfg.n_layer
     x, y = model.check_batch(x, y)
     B, T = x.shape
     ws = model.cached_workspace(B, T)
     a, s = ws.acts, ws.scratch
-    keep = ws.attention == "store"
     nt = numba.get_num_threads()
     offs = model.layout.block_offs
     from .gemm_plan import plan_for
     plan = plan_for()
-    vec = lambda t, o, n: t[o:o + n]  # noqa: E731
-    mat = lambda t, o, r, c: t[o:o + r * c].reshape(r, c)  # noqa: E731
     G[...] = 0.0
     ws.tokens[...] = x
     timer("embedding fwd", embedding_fwd, ws.tokens, model.params["wte"], model.params["wpe"], a.resid[0])
-    for i in range(L):
-        o = offs[i]
-        timer("layernorm fwd", layernorm_fwd, a.resid[i], vec(P, o[LN1_W], d), vec(P, o[LN1_B], d), s.ln_out,
-              a.ln1_mean[i], a.ln1_rstd[i])
-        timer("qkv gemm fwd", linear_fwd, s.ln_out, mat(P, o[QKV_W], d, 3 * d), vec(P, o[QKV_B], 3 * d),
-              a.qkv[i], nt)
-        if keep:
-            timer("attention fwd", attention_fwd, a.qkv[i], B, T, H, a.probs[i], a.att_out[i])
-        else:
-            timer("attention fwd", attention_fwd_lean, a.qkv[i], B, T, H, s.probs_scratch, a.att_out[i])
-        timer("residual+bias", _copy_add_bias, a.resid[i], vec(P, o[PROJ_B], d), a.mid[i])
-        timer("attn-out gemm fwd", matmul, a.att_out[i], mat(P, o[PROJ_W], d, d), a.mid[i], 1.0, nt)
-        timer("layernorm fwd", layernorm_fwd, a.mid[i], vec(P, o[LN2_W], d), vec(P, o[LN2_B], d), s.ln_out,
-              a.ln2_mean[i], a.ln2_rstd[i])
-        timer("mlp-up gemm fwd", matmul, s.ln_out, mat(P, o[UP_W], d, 4 * d), a.mlp_pre[i], 0.0, nt)
-        timer("bias+gelu fwd", bias_gelu_fwd, a.mlp_pre[i], vec(P, o[UP_B], 4 * d), s.gelu_out)
-        timer("residual+bias", _copy_add_bias, a.mid[i], vec(P, o[DOWN_B], d), a.resid[i + 1])
-        timer("mlp-down gemm fwd", matmul, s.gelu_out, mat(P, o[DOWN_W], 4 * d, d), a.resid[i + 1], 1.0, nt)
+    with blocks.replay(timer):
+        blocks._blocks_fwd.py_func(P, offs, 0, L, B, T, H, a, s, nt, ws.attention)
     lo, hi = model.layout.decoder_range
     ws.targets[...] = np.asarray(y).reshape(-1)
     n = ws.targets.shape[0]
-    tot = timer("decoder fwd+bwd (LN, head, CE)", decoder_fwd_bwd, P[lo:hi], G[lo:hi], a.resid[L], ws.targets,
-                ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits, ws.losses, ws.dh, s.ln_partials, 1.0 / n, nt,
-                plan)
-    dresid = ws.dresid  # the decoder wrote dL/dh here
-    for i in range(L - 1, -1, -1):
-        o = offs[i]
-        timer("gelu recompute", gelu_fwd, a.mlp_pre[i], s.gelu_out)
-        timer("mlp-down gemm bwd", linear_bwd, s.gelu_out, mat(P, o[DOWN_W], 4 * d, d), dresid, s.dgelu,
-              mat(G, o[DOWN_W], 4 * d, d), vec(G, o[DOWN_B], d), nt, 0.0, plan[0], plan[1])
-        timer("gelu bwd", gelu_bwd, a.mlp_pre[i], s.dgelu)
-        timer("layernorm recompute", layernorm_apply, a.mid[i], vec(P, o[LN2_W], d), vec(P, o[LN2_B], d),
-              a.ln2_mean[i], a.ln2_rstd[i], s.ln_out)
-        timer("mlp-up gemm bwd", linear_bwd, s.ln_out, mat(P, o[UP_W], d, 4 * d), s.dgelu, s.dln2,
-              mat(G, o[UP_W], d, 4 * d), vec(G, o[UP_B], 4 * d), nt, 0.0, plan[2], plan[3])
-        timer("layernorm bwd", layernorm_bwd, s.dln2, a.mid[i], vec(P, o[LN2_W], d), a.ln2_mean[i],
-              a.ln2_rstd[i], dresid, vec(G, o[LN2_W], d), vec(G, o[LN2_B], d), s.ln_partials, nt, 1.0)
-        timer("attn-out gemm bwd", linear_bwd, a.att_out[i], mat(P, o[PROJ_W], d, d), dresid, s.datt,
-              mat(G, o[PROJ_W], d, d), vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
-        if keep:
-            timer("attention bwd", attention_bwd, s.datt, a.qkv[i], B, T, H, a.probs[i], s.dprobs, s.dqkv)
-        else:
-            timer("attention bwd (recomputes probabilities)", attention_bwd_lean, s.datt, a.qkv[i], B, T,
-                  H, s.probs_scratch, s.dprobs, s.dqkv)
-        timer("layernorm recompute", layernorm_apply, a.resid[i], vec(P, o[LN1_W], d), vec(P, o[LN1_B], d),
-              a.ln1_mean[i], a.ln1_rstd[i], s.ln_out)
-        timer("qkv gemm bwd", linear_bwd, s.ln_out, mat(P, o[QKV_W], d, 3 * d), s.dqkv, s.dln1,
-              mat(G, o[QKV_W], d, 3 * d), vec(G, o[QKV_B], 3 * d), nt, 0.0, plan[6], plan[7])
-        timer("layernorm bwd", layernorm_bwd, s.dln1, a.resid[i], vec(P, o[LN1_W], d), a.ln1_mean[i],
-              a.ln1_rstd[i], dresid, vec(G, o[LN1_W], d), vec(G, o[LN1_B], d), s.ln_partials, nt, 1.0)
-    timer("embedding bwd", embedding_bwd, ws.tokens, dresid, model.grads["wte"], model.grads["wpe"], nt)
+    tot = timer("decoder fwd+bwd (LN, head, CE)", blocks.decoder_fwd_bwd, P[lo:hi], G[lo:hi], a.resid[L],
+                ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits, ws.losses, ws.dh, s.ln_partials,
+                1.0 / n, nt, plan)
+    with blocks.replay(timer):  # the decoder wrote dL/dh into ws.dresid
+        blocks._blocks_bwd.py_func(P, G, offs, 0, L, B, T, H, a, s, ws.dresid, nt, plan, ws.attention)
+    timer("embedding bwd", embedding_bwd, ws.tokens, ws.dresid, model.grads["wte"], model.grads["wpe"], nt)
     return tot / n
 
 
