@@ -9,17 +9,19 @@ single-process pipeline's stage loop; only what crosses a rank is replaced.
 * Micro-batches: every rank's main thread draws the same batches (the batcher is seeded) and
   submits them; the first local stage takes its targets and learning rate from them. No tokens
   travel.
-* Consensus: each round's K decoder-gradient slots are one (K, dec) array. The rank whose last
-  local stage posts completes its share with an in-place ``Iallgather`` of the slots (and of the
-  stages' losses, norms and skip flags), then every rank averages the K slots in stage order and
-  applies the decoder's AdamW itself. That is the arithmetic of the single-process RGC buffer on
-  the same operands, so every rank holds the same decoder versions, bit for bit, with no publish
-  step and no owner of the decoder's optimizer state. The issue proposed an RMA window on an owner
-  with ``MPI_Fetch_and_op``; the all-gather was chosen because it keeps the average order-fixed
+* Consensus: each round's K decoder-gradient slots are one (K, dec) array. The rank's last local
+  poster of round t starts an in-place ``Iallgather`` of the slots (and of the stages' losses, norms
+  and skip flags) and goes on; the round is completed by whichever worker first needs decoder
+  version t + 1 (step t + 1 + S) or by a pause: it waits for the all-gather, averages the K slots in
+  stage order and applies the decoder's AdamW itself. Waiting at the post instead would make the
+  rank sit idle until the last rank finished step t, serialising the ranks whatever S is. That is
+  the arithmetic of the single-process RGC buffer on the same operands, so every rank holds the same decoder versions, bit for bit, with no publish
+  step and no owner of the decoder's optimizer state. Not an RMA window on an owner with
+  ``MPI_Fetch_and_op``: the all-gather was chosen because it keeps the average order-fixed
   (a remote accumulate or an all-reduce sums in an order MPI chooses, which breaks bitwise
   equality with one process) and needs one collective a round instead of puts, a fetch-and-op and
   a get of the new version. It has not been timed against the RMA variant (see
-  benchmarks/mpi-bytes.md).
+  benchmarks/mpi.md).
 * Staleness: unchanged. Step t of every stage reads decoder version max(0, t - S); a rank's
   versions appear when its closing worker finishes the round's all-gather, rounds in order.
 * Pauses (evaluation, checkpoints, stops): after the pipeline drained, an all-gather of every
@@ -27,6 +29,9 @@ single-process pipeline's stage loop; only what crosses a rank is replaced.
   and saves), and checkpoints gather the AdamW moments the same way, so a checkpoint is exactly a
   single-process rgc-async checkpoint.
 """
+import collections
+import threading
+
 import numpy as np
 
 from ..config import parse_stage_threads, resolve_stage_workers
@@ -89,12 +94,15 @@ class RGCAsyncMPI(RGCAsync):
         # receive and send slots at the rank boundaries (the ring's share across ranks)
         b["recv"] = np.zeros((S + 1, B * T, d), self.model.dtype) if self.local_stages[0] > 0 else None
         b["send"] = np.zeros((S + 1, B * T, d), self.model.dtype) if self.local_stages[-1] + 1 < self.K else None
-        b["meta"] = np.zeros((self.link.size, 3 * self.P))
+        b["meta"] = np.zeros((S + 1, self.link.size, 3 * self.P))
 
     def _start(self, step0, B, T):
         self._rreq = None
         self._sreq = [None] * (self.S + 1)
         self._long_until = step0
+        self._opened = step0                    # rounds whose all-gather this rank has started
+        self._open_rounds = collections.deque()  # (t, lr, k, requests), oldest first
+        self._finishing = threading.Lock()       # one finisher at a time: rounds finish in order
         super()._start(step0, B, T)
 
     # ------------------------------------------------------------------ hand-offs across ranks
@@ -139,24 +147,48 @@ class RGCAsyncMPI(RGCAsync):
         buf[...] = out
         self._sreq[i] = self.link.isend(buf, self.link.rank + 1, tag=k)
 
-    def _gather_round(self, t, r, k):
+    def _close_round(self, t, lr, k):
+        """Start round t's all-gather; :meth:`_finish_rounds` completes it. Rounds start in order on
+        every rank: collectives on one communicator must."""
         b, P, link = self._buffers, self.P, self.link
+        self._wait(lambda: self._opened >= t, k)
+        r = t % (self.S + 1)
         local = self.local_stages
-        meta = b["meta"]
+        meta = b["meta"][r]
         mine = meta[link.rank]
         mine[:P] = b["losses"][r, local]
         mine[P:2 * P] = b["norms"][r, local]
         mine[2 * P:] = b["skipped"][r, local]
         reqs = [link.iallgather(link.rounds, b["rgc"].slots[r], "consensus"),
                 link.iallgather(link.rounds, meta, "control")]
-        for req in reqs:
-            self._mpi_wait(req, f"the consensus round of step {t}", t)
+        with self.cond:
+            self._open_rounds.append((t, lr, k, reqs))
+            self._opened = t + 1
+            self.cond.notify_all()
+
+    def _finish_rounds(self, upto):
+        """Complete every started round before ``upto``, oldest first: wait for its all-gather, then
+        average, update and publish the decoder version as one process does."""
+        with self._finishing:
+            while self._open_rounds and self._open_rounds[0][0] < upto:
+                t, lr, k, reqs = self._open_rounds[0]
+                for req in reqs:
+                    self._mpi_wait(req, f"the consensus round of step {t}", t)
+                super()._close_round(t, lr, k)
+                self._open_rounds.popleft()
+
+    def _gather_round(self, t, r, k):
+        b, P = self._buffers, self.P
+        meta = b["meta"][r]
         b["losses"][r, :] = meta[:, :P].ravel()
         b["norms"][r, :] = meta[:, P:2 * P].ravel()
         b["skipped"][r, :] = meta[:, 2 * P:].ravel() != 0
 
     def _stage_step(self, k, t):
         self.stage_last_step[k] = t
+        # the version step t reads, max(0, t - S), exists once rounds before t - S are finished;
+        # finishing them here also frees their slots before this step writes round t's
+        self._finish_rounds(t - self.S)
         return super()._stage_step(k, t)
 
     # ------------------------------------------------------------------ pauses and state
@@ -170,6 +202,17 @@ class RGCAsyncMPI(RGCAsync):
         self.link.allgatherv(flat[:dec_lo], self.segments, what, self.submitted)
 
     def drain(self):
+        # the rounds no step needs yet: finish each as soon as this rank has started it
+        try:
+            while self._threads and self.version < self.submitted:
+                with self.cond:
+                    while not (self._opened > self.version or self.stop or self.error is not None):
+                        self.cond.wait(0.05)
+                if self.stop or self.error is not None:
+                    break
+                self._finish_rounds(self._opened)
+        except _Stopped:
+            pass
         out = super().drain()
         if not self._failed:
             # every rank's trained parameters into every rank's model (for evaluation and saving)
