@@ -22,7 +22,6 @@ from .atomic import write_json
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
-from .faults import FaultHook  # noqa: F401  (nbrgc.trainer.FaultHook, as the CLI imports it)
 from .local import identity_init, split_stages
 from .memory import available_bytes, estimate, fmt_mib, peak_rss_mib
 from .model import Model

@@ -176,8 +176,9 @@ def main(argv=None):
 def _main(argv):
     mcfg, tc, a = parse(argv)
     from ..data import load_dataset
-    from ..trainer import FaultHook, Trainer
-    fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.trainer.FaultHook
+    from ..faults import FaultHook
+    from ..trainer import Trainer
+    fault = os.environ.get("NBRGC_FAULT")  # test hook: see nbrgc.faults.FaultHook
     fault_hook = FaultHook(fault) if fault else None
     if a.distributed == "mpi":
         from ..distributed.run import run_ranks
