@@ -26,7 +26,7 @@ BUSY = [sys.executable, "-c", "while 1: pass"]
 def _step_fn(cfg_name, threads, seed=0):
     import numpy as np
 
-    from nbrgc.config import PRESET_BATCH, preset
+    from nbrgc.config import preset, preset_batch
     from nbrgc.kernels.adamw import sumsq
     from nbrgc.model import Model
     from nbrgc.optim import AdamW
@@ -34,7 +34,7 @@ def _step_fn(cfg_name, threads, seed=0):
     limit_blas(1)
     set_threads(threads)
     cfg = preset(cfg_name)
-    B, T = PRESET_BATCH[cfg_name], cfg.ctx
+    B, T = preset_batch(cfg_name), cfg.ctx
     model = Model(cfg, seed=seed)
     M, V = np.zeros_like(model.flat), np.zeros_like(model.flat)
     opt = AdamW(model.flat, model.grad_flat, M, V, model.decay_mask, 0, model.layout.size)

@@ -46,14 +46,14 @@ def measure(preset, threads, ranks, n_stages=4):
     batch, and RGC's busiest rank holding n_stages / R consecutive stages, each stage timed as it
     trains (its blocks forward, its own readout through the decoder, its backward, its AdamW)."""
     import nbrgc
-    from nbrgc.config import PRESET_BATCH
+    from nbrgc.config import preset_batch
     from nbrgc.local import split_stages, stage_backward, stage_param_ranges
     from nbrgc.optim import AdamW
     from nbrgc.threads import limit_blas, set_threads
     limit_blas(1)
     set_threads(threads)
     cfg = nbrgc.preset(preset)
-    B, T = PRESET_BATCH[preset], cfg.ctx
+    B, T = preset_batch(preset), cfg.ctx
     m = nbrgc.Model(cfg, seed=0)
     M, V = np.zeros_like(m.flat), np.zeros_like(m.flat)
     mask = m.layout.decay_mask()
@@ -114,8 +114,8 @@ def main():
             tokens, t = timed_before[preset]
             if tokens is None:
                 import nbrgc
-                from nbrgc.config import PRESET_BATCH
-                tokens = PRESET_BATCH[preset] * nbrgc.preset(preset).ctx
+                from nbrgc.config import preset_batch
+                tokens = preset_batch(preset) * nbrgc.preset(preset).ctx
         else:
             tokens, t = measure(preset, a.threads, ranks)
         for R in ranks:

@@ -115,7 +115,7 @@ def table(per, top=None):
 
 
 def main(argv=None):
-    from .config import PRESET_BATCH, preset
+    from .config import preset, preset_batch
     p = argparse.ArgumentParser(prog="python -m nbrgc.profile", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="small")
     p.add_argument("--batch", type=int, default=None)
@@ -125,7 +125,7 @@ def main(argv=None):
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     cfg = preset(a.config)
-    B = a.batch or PRESET_BATCH[a.config]
+    B = a.batch or preset_batch(a.config)
     per, wall, nt = measure(cfg, B, cfg.ctx, a.threads or numba.config.NUMBA_NUM_THREADS,
                             a.attention, a.repeats)
     if a.json:

@@ -387,9 +387,9 @@ def test_train_help_shows_every_flag_with_help_and_real_defaults():
 def test_train_defaults_are_train_configs():
     """The flags read TrainConfig's defaults; derived ones follow its rules."""
     from nbrgc.cli.train import parse
-    from nbrgc.config import DEFAULT_PRESET, PRESET_BATCH, preset_lr
+    from nbrgc.config import DEFAULT_PRESET, preset_batch, preset_lr
     mcfg, tc, _ = parse([])
-    assert mcfg == preset(DEFAULT_PRESET) and tc.batch == PRESET_BATCH[DEFAULT_PRESET]
+    assert mcfg == preset(DEFAULT_PRESET) and tc.batch == preset_batch(DEFAULT_PRESET)
     assert tc.lr == preset_lr(DEFAULT_PRESET)
     ref = TrainConfig(batch=tc.batch, lr=tc.lr)
     assert tc == ref
