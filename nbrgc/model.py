@@ -117,7 +117,6 @@ class Workspace:
         # `dresid`. A second buffer takes the GELU gradient, then the LN1-output gradient, so that
         # no backward product writes over its own input and the weight and data gradients can run
         # side by side; the LN2-output gradient goes over the GELU output, dead by then.
-        self._act_scratch, self._grad_scratch = buf["act_scratch"], buf["grad_scratch"]
         wide_a, wide_g, ln_out = buf["act_scratch"], buf["grad_scratch"], buf["ln_out"]
         view = lambda flat, cols: (flat[:N * cols].reshape(N, cols) if n  # noqa: E731
                                    else np.zeros((0, cols), dtype))
@@ -139,10 +138,10 @@ class Workspace:
         return self.acts.resid
 
     def nbytes(self):
-        """Bytes owned (aliased views counted once)."""
+        """Bytes owned: each buffer once, however many views alias it."""
         arrays = [v for v in vars(self).values() if isinstance(v, np.ndarray)]
         arrays += list(self.acts) + list(self.scratch)
-        owned = {id(v): v for v in arrays if v.base is None}
+        owned = {id(o): o for o in (v if v.base is None else v.base for v in arrays)}
         return sum(v.nbytes for v in owned.values())
 
 
