@@ -2,10 +2,11 @@
 
 Two OpenBLAS builds are usually loaded in one process: SciPy's (LP64, exported through
 ``scipy.linalg.cython_blas``) and NumPy's own (``scipy-openblas``, ILP64, symbols ``scipy_sgemm_64_``).
-They are not equally fast: on the development machine (AMD EPYC, AVX-512) NumPy's 0.3.31 ran the
-weight-gradient shape ``X^T dY`` single-threaded at 71-89 GFLOP/s against 54-78 for SciPy's 0.3.30,
-the two interleaved in one process (``benchmarks/README.md``, "How the BP step got faster"). So ``auto`` takes NumPy's library when it exports the ILP64 symbols
-and SciPy's otherwise; ``NBRGC_BLAS=scipy`` or ``=numpy`` forces one (a clear error if it is missing).
+They are separate builds, often of different OpenBLAS releases, and need not run a shape equally fast;
+measured against each other, NumPy's was the faster on the weight-gradient shape ``X^T dY`` and equal on
+the others (``benchmarks/README.md``). So ``auto`` takes NumPy's library when it exports the ILP64
+symbols and SciPy's otherwise; ``NBRGC_BLAS=scipy`` or ``=numpy`` forces one (a clear error if it is
+missing).
 
 The choice is a compile-time constant of the kernels (the integer width of the Fortran arguments), so
 :mod:`nbrgc.jitcache` folds :func:`cache_key` into the cache folder's name.
