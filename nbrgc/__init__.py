@@ -8,7 +8,7 @@ import sys as _sys
 
 from .errors import NbrgcError as _NbrgcError
 from .threads import select_layer as _select_layer
-from .jitcache import configure as _configure_cache
+from .kernels.jitcache import configure as _configure_cache
 
 try:
     THREADING_LAYER = _select_layer()

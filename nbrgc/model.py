@@ -150,7 +150,7 @@ def _threads():
 
 
 def _plan():
-    from .gemm_plan import plan_for
+    from .kernels.gemm_plan import plan_for
     return plan_for()
 
 

@@ -45,7 +45,7 @@ def profiled_loss_and_grad(model, x, y, timer):
     a, s = ws.acts, ws.scratch
     nt = numba.get_num_threads()
     offs = model.layout.block_offs
-    from .gemm_plan import plan_for
+    from .kernels.gemm_plan import plan_for
     plan = plan_for()
     G[...] = 0.0
     ws.tokens[...] = x

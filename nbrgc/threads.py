@@ -94,7 +94,7 @@ def set_threads(n):
 def describe():
     """One line for run logs."""
     import numba
-    from .blas import choose
+    from .kernels.blas import choose
     return (f"threading layer {select_layer()}, {numba.config.NUMBA_NUM_THREADS} Numba threads "
             f"launched, {cpu_count()} cores, GEMMs through {choose().describe()}, BLAS pinned to 1 "
             "thread (GEMMs split over Numba groups)")

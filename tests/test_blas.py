@@ -1,4 +1,4 @@
-"""Which BLAS the GEMMs call (nbrgc.blas): the choice, the override, its cache key, bad settings."""
+"""Which BLAS the GEMMs call (nbrgc.kernels.blas): the choice, the override, its cache key, bad settings."""
 import os
 import subprocess
 import sys
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import nbrgc
-from nbrgc import blas
+from nbrgc.kernels import blas
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PROBE = """
 import json, numpy as np, nbrgc
-from nbrgc.blas import choose
+from nbrgc.kernels.blas import choose
 from nbrgc.kernels.gemm import matmul, matmul_nt, matmul_tn
 rng = np.random.default_rng(1)
 A = rng.standard_normal((37, 19)).astype(np.float32)

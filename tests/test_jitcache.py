@@ -2,7 +2,7 @@
 import llvmlite.binding as llb
 from numba.core import config
 
-from nbrgc import jitcache
+from nbrgc.kernels import jitcache
 
 
 class _Features:

@@ -175,8 +175,8 @@ def _linear_bwd_case(X, W, dY, nt, sw, sx):
 def test_gemm_same_cut_same_bits_and_whole_calls_at_one_and_two_threads():
     """What holds on every BLAS kernel, by construction: the same cut of a product gives the same bits
     (two runs, a resume), and the group sizes 1 and 2 run each backward product as one whole BLAS call
-    (nbrgc.gemm_plan: side by side at 2 threads), so they agree to the bit, odd shapes included."""
-    from nbrgc.gemm_plan import plan_for
+    (nbrgc.kernels.gemm_plan: side by side at 2 threads), so they agree to the bit, odd shapes included."""
+    from nbrgc.kernels.gemm_plan import plan_for
     rng = np.random.default_rng(3)
     for N, K, M in GEMM_SHAPES:
         X, W = rng.standard_normal((N, K), np.float32), rng.standard_normal((K, M), np.float32)
@@ -223,7 +223,7 @@ def test_gemm_every_cut_within_the_float32_dot_product_bound():
 
 
 def test_gemm_plan_is_a_fixed_rule():
-    from nbrgc.gemm_plan import N_SITES, plan_for
+    from nbrgc.kernels.gemm_plan import N_SITES, plan_for
     for nt in (1, 3, 5):
         assert not plan_for(nt=nt).any()
     for nt in (2, 4, 8):

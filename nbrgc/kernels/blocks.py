@@ -209,7 +209,7 @@ def blocks_fwd_recompute(P, offs, lo, hi, B, T, H, acts, scr, nt):
 def blocks_bwd_store(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
     """``dresid`` holds dL/d(output of block hi-1) and is turned, in place, into dL/d(input of lo).
 
-    ``plan`` (nbrgc.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
+    ``plan`` (nbrgc.kernels.gemm_plan) holds the thread split of each backward GEMM (weight, data) for the
     MLP-down, MLP-up, attention-output and qkv products, then the head's. Parameter gradients are
     accumulated (+=) into ``G`` at the same offsets as in ``P``. Reads the saved activations
     without changing them (a second backward of the same forward gives the same gradients). No

@@ -1,4 +1,4 @@
-"""GEMM through the chosen OpenBLAS (NumPy's or SciPy's, see :mod:`nbrgc.blas`), split over the calling
+"""GEMM through the chosen OpenBLAS (NumPy's or SciPy's, see :mod:`nbrgc.kernels.blas`), split over the calling
 thread's Numba group.
 
 BLAS is pinned to one thread (see :mod:`nbrgc.threads`); parallelism comes from ``prange`` over
@@ -7,7 +7,7 @@ row (or column) blocks, so ``numba.set_num_threads`` in a stage worker governs i
 without copies) and ``beta`` (gradient accumulation in place).
 
 The BLAS symbol is registered with LLVM by name (not embedded as an address), which keeps every
-caller cacheable with ``cache=True``. Which library it names is chosen in :mod:`nbrgc.blas`; the
+caller cacheable with ``cache=True``. Which library it names is chosen in :mod:`nbrgc.kernels.blas`; the
 width of its integer arguments (``_BI``: 32-bit LP64 or 64-bit ILP64) is baked into the kernels, and
 the cache folder is keyed on that choice.
 
@@ -20,7 +20,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ..blas import choose as _choose_blas
+from .blas import choose as _choose_blas
 
 _BLAS = _choose_blas()
 llb.add_symbol("nbrgc_sgemm", _BLAS.sgemm)
@@ -119,7 +119,7 @@ def matmul(A, B, C, beta, nt):
 @njit(nogil=True, cache=True, error_model="numpy")
 def matmul_nt(A, B, C, beta, nt, split=0):
     """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows (split 0) or columns (split 1) of C
-    over threads (see nbrgc.gemm_plan for which the model uses)."""
+    over threads (see nbrgc.kernels.gemm_plan for which the model uses)."""
     _split_gemm(False, True, A, B, C, beta, nt, split, 16)
 
 

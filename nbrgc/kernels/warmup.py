@@ -5,7 +5,7 @@ progress bar at 0% looks like a hang. :func:`warm_up` instead calls every Model 
 uses once, on a one-layer model of a few bytes with the run's dtype and attention handling: the
 argument types, which are all that compiled code depends on, are those of the real run, so its
 steps then only load nothing and compile nothing. Numba's own cache (``cache=True``, see
-:mod:`nbrgc.jitcache`) keeps the machine code, so this is slow once per machine and version.
+:mod:`nbrgc.kernels.jitcache`) keeps the machine code, so this is slow once per machine and version.
 
 The Python API does not need this: kernels still compile lazily on first use.
 """

@@ -74,7 +74,7 @@ def blas_info():
     keep = ("user_api", "internal_api", "prefix", "version", "architecture", "threading_layer",
             "num_threads", "filepath")
     try:
-        from ..blas import choose
+        from ..kernels.blas import choose
         gemm_blas = choose()
     except Exception:  # noqa: BLE001
         gemm_blas = None

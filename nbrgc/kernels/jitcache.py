@@ -2,11 +2,11 @@
 
 Numba keys a cached function on its own source file only: when a kernel it calls changes, the caller's
 stale machine code is still loaded. We therefore cache into a folder named by a hash of everything the
-machine code depends on: every kernel source, the Numba version, the BLAS choice (a compile-time
-constant, :func:`nbrgc.blas.cache_key`) and the CPU Numba compiles for (its name and feature string,
-as Numba takes them: ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` when set, else LLVM's host CPU), so a
-home directory shared by two machines never loads code compiled for the other. A user who sets
-NUMBA_CACHE_DIR keeps full control (and that caveat).
+machine code depends on: every source in this package, the Numba version, the BLAS choice (a
+compile-time constant, :func:`nbrgc.kernels.blas.cache_key`) and the CPU Numba compiles for (its name
+and feature string, as Numba takes them: ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` when set, else
+LLVM's host CPU), so a home directory shared by two machines never loads code compiled for the other.
+A user who sets NUMBA_CACHE_DIR keeps full control (and that caveat).
 """
 import hashlib
 import os
@@ -27,7 +27,7 @@ def cache_key():
     """16 hex digits naming the cache folder."""
     import numba
     from .blas import cache_key as blas_key
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")  # all jitted code
+    here = os.path.dirname(os.path.abspath(__file__))  # this package: all jitted code
     h = hashlib.sha256("\0".join((numba.__version__, blas_key(), cpu_key())).encode())
     for root, _, files in sorted(os.walk(here)):
         for name in sorted(files):

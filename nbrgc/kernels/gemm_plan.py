@@ -26,7 +26,7 @@ Plan entries, in order: MLP-down (weight, data), MLP-up, attention output, qkv, 
 import numba
 import numpy as np
 
-from .kernels.gemm import TASKS
+from .gemm import TASKS
 
 N_SITES = 10
 _BLOCK_SITES = 4  # MLP-down, MLP-up, attention output, qkv; the head is the fifth

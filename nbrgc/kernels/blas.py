@@ -9,12 +9,12 @@ symbols and SciPy's otherwise; ``NBRGC_BLAS=scipy`` or ``=numpy`` forces one (a 
 missing).
 
 The choice is a compile-time constant of the kernels (the integer width of the Fortran arguments), so
-:mod:`nbrgc.jitcache` folds :func:`cache_key` into the cache folder's name.
+:mod:`nbrgc.kernels.jitcache` folds :func:`cache_key` into the cache folder's name.
 """
 import ctypes
 import os
 
-from .errors import NbrgcError
+from ..errors import NbrgcError
 
 _CHOICES = ("auto", "numpy", "scipy")
 _chosen = None
