@@ -641,3 +641,116 @@ def test_forward_kernels_float32_match_float64(case, M, seed):
         assert o32[k].dtype == np.float32, k
         scale = max(1.0, float(np.abs(o64[k]).max()))
         np.testing.assert_allclose(o32[k], o64[k], rtol=1e-4, atol=1e-5 * scale, err_msg=k)
+
+
+def _thread_ids_of(work):
+    """Which Numba threads ran the iterations of a 64-iteration region bracketed as the kernels do,
+    and the calling thread's group after it."""
+    import numba
+    from numba import njit, prange
+    from nbrgc.kernels.serial import restore_threads, serial_below
+
+    @njit(parallel=True, nogil=True)
+    def probe(out, work):
+        prev = serial_below(work)
+        for i in prange(out.shape[0]):
+            out[i] = numba.get_thread_id()
+        restore_threads(prev)
+
+    out = np.full(64, -1, np.int64)
+    probe(out, work)
+    return set(out.tolist()), numba.get_num_threads()
+
+
+def test_small_work_runs_in_the_calling_thread_and_the_group_is_restored():
+    import numba
+    from nbrgc.kernels.serial import SERIAL_WORK
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one Numba thread: every region is serial")
+    old = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        assert _thread_ids_of(SERIAL_WORK - 1) == ({0}, 2)
+        assert _thread_ids_of(SERIAL_WORK) == ({0, 1}, 2)
+        numba.set_num_threads(1)
+        assert _thread_ids_of(0) == ({0}, 1)
+    finally:
+        numba.set_num_threads(old)
+
+
+def _every_parallel_kernel(n_rows, d, seed=0):
+    """Every parallel kernel once on rows of width d (the MLP at 4d, the logits at 256), on fresh
+    copies of the same inputs; returns every output by name."""
+    from nbrgc.kernels.gemm_plan import plan_for
+    from nbrgc.kernels.blocks import _copy_add_bias
+    rng = np.random.default_rng(seed)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    B, H = 4, 2
+    T = n_rows // B
+    X, w, b, W = f(n_rows, d), f(d), f(d), f(d, 4 * d) * 0.2
+    dY4, qkv, L = f(n_rows, 4 * d), f(n_rows, 3 * d) * 0.3, f(n_rows, 256)
+    tokens = rng.integers(0, 256, (B, T))
+    targets = rng.integers(0, 256, n_rows)
+    n = 4 * d * d + 1000
+    P, G = f(n), f(n)
+    out = {}
+    o = {k: np.empty((n_rows, d), np.float32) for k in ("ln", "lnA", "dX", "emb", "bias")}
+    m, r = np.empty(n_rows, np.float32), np.empty(n_rows, np.float32)
+    layernorm_fwd(X, w, b, o["ln"], m, r)
+    layernorm_apply(X, w, b, m, r, o["lnA"])
+    dw, db = np.zeros(d, np.float32), np.zeros(d, np.float32)
+    layernorm_bwd(X * 0.5, X, w, m, r, o["dX"], dw, db, np.zeros((2, 2, d), np.float32), 2, 0.0)
+    _copy_add_bias(X, b, o["bias"])
+    embedding_fwd(tokens, f(256, d), f(T, d), o["emb"])
+    dwte, dwpe = np.zeros((256, d), np.float32), np.zeros((T, d), np.float32)
+    embedding_bwd(tokens, X, dwte, dwpe, 2)
+    pre, g = X @ W, np.empty((n_rows, 4 * d), np.float32)
+    bias_gelu_fwd(pre, f(4 * d), g)
+    g2 = np.empty_like(g)
+    gelu_fwd(pre, g2)
+    dg = dY4.copy()
+    gelu_bwd(pre, dg)
+    Y = np.empty((n_rows, 4 * d), np.float32)
+    linear_fwd(X, W, f(4 * d), Y, 2)
+    dXl, dW, dbl = np.empty((n_rows, d), np.float32), np.zeros_like(W), np.zeros(4 * d, np.float32)
+    linear_bwd(X, W, dY4, dXl, dW, dbl, 2, 0.0, *plan_for(2)[:2])
+    dXs, dWs, dbs = np.empty((n_rows, d), np.float32), np.zeros_like(W), np.zeros(4 * d, np.float32)
+    linear_bwd(X, W, dY4, dXs, dWs, dbs, 2, 0.0, 0, 1)
+    # zeros: entries above the diagonal past a query block are never written (unspecified)
+    probs, att = np.zeros((B, H, T, T), np.float32), np.empty((n_rows, d), np.float32)
+    attention_fwd(qkv, B, T, H, probs, att)
+    dqkv = np.empty_like(qkv)
+    attention_bwd(X, qkv, B, T, H, probs, np.empty((2, T, T), np.float32), dqkv)
+    losses, Lg = np.empty(n_rows, np.float32), L.copy()
+    out["xent"] = (xent_fwd_bwd(Lg, targets, losses, 0.5), xent_fwd(L, targets, losses.copy()))
+    M_, V_ = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    adamw_update(P, G, M_, V_, np.ones(n, np.uint8), 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 0.7)
+    out["sums"] = (sumsq(G), all_finite(G))
+    Fz = np.empty(n, np.float32)
+    fill(Fz, 1.5)
+    out.update(o, m=m, r=r, dw=dw, db=db, dwte=dwte, dwpe=dwpe, pre=pre, g=g, g2=g2, dg=dg, Y=Y,
+               dXl=dXl, dW=dW, dbl=dbl, dXs=dXs, dWs=dWs, dbs=dbs, probs=probs, att=att,
+               dqkv=dqkv, losses=losses, Lg=Lg, P=P, M=M_, V=V_, fill=Fz)
+    return out
+
+
+@pytest.mark.parametrize("n_rows, d", [(16, 16), (64, 32), (1024, 64)])
+def test_group_of_one_or_two_gives_the_same_bits(n_rows, d):
+    """The serial switch relies on this: with the same ``nt``, a kernel's bits do not depend on the
+    calling thread's group, below the threshold (16 rows), across it (64 rows of 32: tiny's shapes)
+    and above it (1024 rows of 64: demo's), and every kernel gives the group back as it found it."""
+    import numba
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one Numba thread")
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = _every_parallel_kernel(n_rows, d)
+        assert numba.get_num_threads() == 1
+        numba.set_num_threads(2)
+        two = _every_parallel_kernel(n_rows, d)
+        assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(old)
+    for k in one:
+        np.testing.assert_array_equal(np.asarray(one[k]), np.asarray(two[k]), err_msg=k)

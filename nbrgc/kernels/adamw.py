@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import FLAGS, cast_like
+from .serial import LIGHT, restore_threads, serial_below
 
 _CHUNK = 1 << 14
 
@@ -16,12 +17,14 @@ def sumsq(G):
     n = G.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     part = np.zeros(nchunks)
+    prev = serial_below(n // LIGHT)
     for c in prange(nchunks):
         g = G[c * _CHUNK:min(n, (c + 1) * _CHUNK)]  # a view indexed from 0 vectorises (see below)
         s = 0.0
         for i in range(g.shape[0]):
             s += np.float64(g[i]) * g[i]
         part[c] = s
+    restore_threads(prev)
     return part.sum()
 
 
@@ -30,11 +33,13 @@ def all_finite(G):
     n = G.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
     bad = np.zeros(nchunks, np.uint8)
+    prev = serial_below(n // LIGHT)
     for c in prange(nchunks):
         for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
             if not np.isfinite(G[i]):
                 bad[c] = 1
                 break
+    restore_threads(prev)
     return bad.sum() == 0
 
 
@@ -51,6 +56,7 @@ def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale
     lrwd, e, gs, one = cast_like(lr * wd, P), cast_like(eps, P), cast_like(gscale, P), cast_like(1.0, P)
     n = P.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
+    prev = serial_below(n)
     for ch in prange(nchunks):
         # chunk views indexed from 0: with range(lo, hi) indices Numba's negative-index wraparound
         # check stays in the loop and LLVM does not vectorise it
@@ -64,13 +70,16 @@ def adamw_update(P, G, M, V, decay_mask, lr, beta1, beta2, eps, wd, step, gscale
             v_[i] = v
             p = p_[i] * (one - lrwd * k_[i])
             p_[i] = p - step_size * m / (np.sqrt(v) * inv_sqrt_bc2 + e)
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def fill(X, value):
     n = X.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
+    prev = serial_below(n // LIGHT)
     for c in prange(nchunks):
         x = X[c * _CHUNK:min(n, (c + 1) * _CHUNK)]  # 0-based view: vectorises (see adamw_update)
         for i in range(x.shape[0]):
             x[i] = value
+    restore_threads(prev)

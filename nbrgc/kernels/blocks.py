@@ -27,6 +27,7 @@ from .gemm import linear_bwd, linear_fwd, matmul
 from .layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
 from .loss import xent_fwd, xent_fwd_bwd
 from .mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
+from .serial import LIGHT, restore_threads, serial_below
 
 BLOCK_PARAMS = ("ln1.w", "ln1.b", "attn.wqkv", "attn.bqkv", "attn.wo", "attn.bo",
                 "ln2.w", "ln2.b", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2")
@@ -62,9 +63,11 @@ BlockScratch = namedtuple("BlockScratch", (
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def _copy_add_bias(x, b, out):
+    prev = serial_below(x.size // LIGHT)
     for i in prange(x.shape[0]):
         for j in range(x.shape[1]):
             out[i, j] = x[i, j] + b[j]
+    restore_threads(prev)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

@@ -1,18 +1,22 @@
 """Token + position embedding; the backward scatters by column block so threads never collide."""
 from numba import njit, prange
 
+from .serial import LIGHT, restore_threads, serial_below
+
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def embedding_fwd(tokens, wte, wpe, out):
     """tokens (B, T) -> out (B*T, d) = wte[token] + wpe[position]."""
     B, T = tokens.shape
     D = wte.shape[1]
+    prev = serial_below(B * T * D // LIGHT)
     for n in prange(B * T):
         b = n // T
         t = n % T
         tok = tokens[b, t]
         for j in range(D):
             out[n, j] = wte[tok, j] + wpe[t, j]
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -22,6 +26,7 @@ def embedding_bwd(tokens, dout, dwte, dwpe, nt):
     D = dout.shape[1]
     nb = max(1, min(nt, D // 8))
     step = (D + nb - 1) // nb
+    prev = serial_below(B * T * D // LIGHT)
     for blk in prange(nb):
         s = blk * step
         e = min(D, s + step)
@@ -33,3 +38,4 @@ def embedding_bwd(tokens, dout, dwte, dwpe, nt):
                 for j in range(e - s):
                     te[j] += g[j]
                     pe[j] += g[j]
+    restore_threads(prev)

@@ -21,6 +21,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .blas import choose as _choose_blas
+from .serial import GEMM_MACS, LIGHT, restore_threads, serial_below
 
 _BLAS = _choose_blas()
 llb.add_symbol("nbrgc_sgemm", _BLAS.sgemm)
@@ -92,9 +93,11 @@ def _split_gemm(ta, tb, A, B, C, beta, nt, split, min_block):
     rounding of the exact product; the same bits come only from the same cut, since a BLAS kernel may
     round a block of another shape differently (OpenBLAS's Haswell kernels do at every cut tested)."""
     M, N = C.shape
+    K = A.shape[0] if ta else A.shape[1]
     n = M if split == 0 else N
     nb = max(1, min(nt, n // min_block))
     step = (n + nb - 1) // nb
+    prev = serial_below(M * N * K // GEMM_MACS)
     for i in prange(nb):
         s = i * step
         e = min(n, s + step)
@@ -108,6 +111,7 @@ def _split_gemm(ta, tb, A, B, C, beta, nt, split, min_block):
                 gemm(ta, tb, 1.0, A, B[s:e], beta, C[:, s:e])
             else:
                 gemm(ta, tb, 1.0, A, B[:, s:e], beta, C[:, s:e])
+    restore_threads(prev)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -132,9 +136,11 @@ def matmul_tn(A, B, C, beta, nt, split=0):
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
 def add_bias(Y, b):
+    prev = serial_below(Y.size // LIGHT)
     for i in prange(Y.shape[0]):
         for j in range(Y.shape[1]):
             Y[i, j] += b[j]
+    restore_threads(prev)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -155,9 +161,11 @@ def colsum_acc(dY, db, nt):
     M = dY.shape[1]
     nb = max(1, min(nt, M // 16))
     step = (M + nb - 1) // nb
+    prev = serial_below(dY.size // LIGHT)
     for i in prange(nb):
         s = i * step
         _colsum_cols(dY, db, s, min(M, s + step))
+    restore_threads(prev)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -184,6 +192,7 @@ def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
     nx = max(1, min(max(1, nt - half), N // 16))
     sw = (K + nw - 1) // nw
     sx = (N + nx - 1) // nx
+    prev = serial_below(2 * K * M * dY.shape[0] // GEMM_MACS)
     for t in prange(nw + nx):
         if t < nw:
             s = t * sw
@@ -197,6 +206,7 @@ def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
             e = min(N, s + sx)
             if s < e:
                 gemm(False, True, 1.0, dY[s:e], W, dx_beta, dX[s:e])
+    restore_threads(prev)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

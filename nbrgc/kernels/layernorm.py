@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import FLAGS
+from .serial import restore_threads, serial_below
 
 EPS = 1e-5
 
@@ -14,6 +15,7 @@ EPS = 1e-5
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def layernorm_fwd(X, w, b, Y, mean, rstd):
     N, D = X.shape
+    prev = serial_below(N * D)
     for i in prange(N):
         m = 0.0
         for j in range(D):
@@ -28,17 +30,20 @@ def layernorm_fwd(X, w, b, Y, mean, rstd):
         rstd[i] = r
         for j in range(D):
             Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def layernorm_apply(X, w, b, mean, rstd, Y):
     """Recompute the forward output from saved statistics (backward needs it; storing it costs memory)."""
     N, D = X.shape
+    prev = serial_below(N * D)
     for i in prange(N):
         m = mean[i]
         r = rstd[i]
         for j in range(D):
             Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
@@ -50,6 +55,7 @@ def layernorm_bwd(dY, X, w, mean, rstd, dX, dw, db, partial, nt, dx_beta):
     N, D = X.shape
     nb = max(1, min(nt, partial.shape[0], N))
     step = (N + nb - 1) // nb
+    prev = serial_below(2 * N * D)  # two passes over each row
     for blk in prange(nb):
         pw = partial[blk, 0]
         pb = partial[blk, 1]
@@ -77,6 +83,7 @@ def layernorm_bwd(dY, X, w, mean, rstd, dX, dw, db, partial, nt, dx_beta):
                     dX[i, j] = val
                 else:
                     dX[i, j] = dx_beta * dX[i, j] + val
+    restore_threads(prev)
     for blk in range(nb):
         for j in range(D):
             dw[j] += partial[blk, 0, j]

@@ -3,6 +3,7 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import FLAGS, fexp, fmax
+from .serial import restore_threads, serial_below
 
 _ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and vectorised)
 
@@ -11,6 +12,7 @@ _ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and ve
 def xent_fwd_bwd(logits, targets, losses, scale):
     """Row losses into ``losses``; logits <- scale * (softmax - onehot). Returns the sum of losses."""
     N, V = logits.shape
+    prev = serial_below(N * V)
     for i in prange(N):
         t = targets[i]
         lt = logits[i, t]
@@ -27,6 +29,7 @@ def xent_fwd_bwd(logits, targets, losses, scale):
         for j in range(V):
             logits[i, j] *= inv * scale
         logits[i, t] -= scale
+    restore_threads(prev)
     tot = 0.0
     for i in range(N):
         tot += losses[i]
@@ -37,6 +40,7 @@ def xent_fwd_bwd(logits, targets, losses, scale):
 def xent_fwd(logits, targets, losses):
     """Row losses only (evaluation); logits are left untouched. Returns the sum."""
     N, V = logits.shape
+    prev = serial_below(N * V)
     for i in prange(N):
         m = logits[i, 0]
         for j in range(V):
@@ -45,6 +49,7 @@ def xent_fwd(logits, targets, losses):
         for j in range(V):
             s += fexp(logits[i, j] - m)
         losses[i] = np.log(s) + m - logits[i, targets[i]]
+    restore_threads(prev)
     tot = 0.0
     for i in range(N):
         tot += losses[i]

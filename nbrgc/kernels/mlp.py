@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import FLAGS, fexp
+from .serial import restore_threads, serial_below
 
 _C2 = np.float32(2.0 * np.sqrt(2.0 / np.pi))
 _A = np.float32(0.044715)
@@ -29,6 +30,7 @@ def _sig2u(x):
 def bias_gelu_fwd(pre, b, out):
     """pre += b (kept for the backward), out = gelu(pre)."""
     N, M = pre.shape
+    prev = serial_below(N * M)
     for i in prange(N):
         p = pre[i]
         o = out[i]
@@ -36,23 +38,27 @@ def bias_gelu_fwd(pre, b, out):
             x = p[j] + b[j]
             p[j] = x
             o[j] = x * _sig2u(x)
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
 def gelu_fwd(pre, out):
     N, M = pre.shape
+    prev = serial_below(N * M)
     for i in prange(N):
         p = pre[i]
         o = out[i]
         for j in range(M):
             x = p[j]
             o[j] = x * _sig2u(x)
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
 def gelu_bwd(pre, dg):
     """dg <- dg * gelu'(pre), in place."""
     N, M = pre.shape
+    prev = serial_below(N * M)
     for i in prange(N):
         p = pre[i]
         g = dg[i]
@@ -60,3 +66,4 @@ def gelu_bwd(pre, dg):
             x = p[j]
             s = _sig2u(x)
             g[j] *= s + x * s * (_ONE - s) * _C2 * (_ONE + _A3 * x * x)
+    restore_threads(prev)
