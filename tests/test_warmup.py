@@ -1,6 +1,7 @@
 """The compile phase covers the run: after warm_up, a training run (its steps, evaluations and the
 closing sample) needs no kernel signature the phase did not already compile or load."""
 import io
+import os
 import subprocess
 import sys
 
@@ -10,11 +11,13 @@ import nbrgc  # noqa: F401
 from nbrgc.kernels.warmup import PHRASE, warm_up
 
 
-@pytest.mark.parametrize("mode,attention", [("bp", "store"), ("bp", "recompute"),
-                                            ("rgc-async", "store")])
-def test_warm_up_covers_a_run(mode, attention, tmp_path):
+@pytest.mark.parametrize("mode,attention,cold", [("bp", "store", True), ("bp", "recompute", False),
+                                                 ("rgc-async", "store", False)])
+def test_warm_up_covers_a_run(mode, attention, cold, tmp_path):
+    """``cold``: an empty cache, where a second process compiles the blocks' backward and this
+    one loads it from the cache (the path a first run on a machine takes)."""
     code = f"""
-import gc, sys
+import gc, io, sys
 from numba.core.dispatcher import Dispatcher
 import nbrgc
 from nbrgc.config import TrainConfig, preset
@@ -23,7 +26,11 @@ from nbrgc.trainer import Trainer
 def sigs():
     return {{(d.py_func.__module__ + '.' + d.py_func.__qualname__, str(s)) for d in gc.get_objects()
             if isinstance(d, Dispatcher) for s in d.overloads}}
-warm_up(attention={attention!r}, mode={mode!r}, quiet=True)
+status = io.StringIO()
+warm_up(attention={attention!r}, mode={mode!r}, stream=status)
+if {cold!r} and "in a second process" not in status.getvalue():
+    print("no parallel compile on a cold cache:", status.getvalue())
+    sys.exit(2)
 before = sigs()
 tc = TrainConfig(mode={mode!r}, steps=2, batch=2, n_stages=1 if {mode!r} == 'bp' else 2, eval_every=1,
                  eval_batches=1, attention={attention!r})
@@ -35,7 +42,9 @@ new = sorted(n for n, s in sigs() - before if n.startswith('nbrgc.'))
 print(new)
 sys.exit(1 if new else 0)
 """
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    env = dict(os.environ, NBRGC_CACHE=str(tmp_path)) if cold else None
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=env)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
 
 
