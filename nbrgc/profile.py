@@ -35,7 +35,7 @@ class Timer:
 
 def profiled_loss_and_grad(model, x, y, timer):
     """model.loss_and_grad, kernel by kernel: the block bodies themselves
-    (:func:`nbrgc.kernels.blocks._blocks_fwd`, ``_blocks_bwd``) run as Python, every kernel call
+    (:func:`nbrgc.kernels.blocks.replay_fwd`, ``replay_bwd``) run as Python, every kernel call
     timed (same kernels, same order, same buffers)."""
     cfg, P, G = model.cfg, model.flat, model.grad_flat
     H, L = cfg.n_head, cfg.n_layer
@@ -50,16 +50,15 @@ def profiled_loss_and_grad(model, x, y, timer):
     G[...] = 0.0
     ws.tokens[...] = x
     timer("embedding fwd", embedding_fwd, ws.tokens, model.params["wte"], model.params["wpe"], a.resid[0])
-    with blocks.replay(timer):
-        blocks._blocks_fwd.py_func(P, offs, 0, L, B, T, H, a, s, nt, ws.attention)
+    blocks.replay_fwd(timer, P, offs, 0, L, B, T, H, a, s, nt, ws.attention)
     lo, hi = model.layout.decoder_range
     ws.targets[...] = np.asarray(y).reshape(-1)
     n = ws.targets.shape[0]
     tot = timer("decoder fwd+bwd (LN, head, CE)", blocks.decoder_fwd_bwd, P[lo:hi], G[lo:hi], a.resid[L],
                 ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits, ws.losses, ws.dh, s.ln_partials,
                 1.0 / n, nt, plan)
-    with blocks.replay(timer):  # the decoder wrote dL/dh into ws.dresid
-        blocks._blocks_bwd.py_func(P, G, offs, 0, L, B, T, H, a, s, ws.dresid, nt, plan, ws.attention)
+    # the decoder wrote dL/dh into ws.dresid
+    blocks.replay_bwd(timer, P, G, offs, 0, L, B, T, H, a, s, ws.dresid, nt, plan, ws.attention)
     timer("embedding bwd", embedding_bwd, ws.tokens, ws.dresid, model.grads["wte"], model.grads["wpe"], nt)
     return tot / n
 

@@ -154,7 +154,7 @@ def _fake_result(st, task, val, diverged=False):
 
 def test_sweep_picks_each_arms_best_lr_and_extends_past_an_edge(tmp_path):
     st = _study(tmp_path, extend_sweep=2)
-    st._data_key = st.data_key()
+    st.data_id = st.data_key()
     st.fingerprints = {a: "f" for a in st.arms}
     sweep = lambda arm, lr: st.task("sweep", arm, 0, lr)  # noqa: E731
     for lr, v in zip(LRS, (3.0, 2.8, 2.9)):
@@ -177,7 +177,7 @@ def test_sweep_picks_each_arms_best_lr_and_extends_past_an_edge(tmp_path):
         ("bp", 0), ("rgc-sync", 0), ("bp", 1), ("rgc-sync", 1)]  # seed by seed, every arm together
     # without extension the edge stays and is reported as such
     st0 = _study(tmp_path, extend_sweep=0)
-    st0._data_key, st0.fingerprints = st._data_key, st.fingerprints
+    st0.data_id, st0.fingerprints = st.data_id, st.fingerprints
     assert st0.sweep_state("rgc-sync")[2:] == (4e-3, True)
 
 
@@ -283,7 +283,7 @@ def test_a_run_refuses_code_that_computes_differently(tmp_path):
     from nbrgc.errors import NbrgcError
     from nbrgc.measure.study.runner import run_one
     st = _study(tmp_path)
-    st._data_key = st.data_key()
+    st.data_id = st.data_key()
     st.fingerprints = st.compute_fingerprints()
     good = st.task("sweep", "rgc-sync", 0, 1e-3)
     st.fingerprints = {a: "0" * 16 for a in st.arms}  # as if the code changed after the study began
@@ -394,8 +394,8 @@ def test_stored_results_have_the_keys_this_code_computes(report):
     st = build_study(shlex.split(rep["command"])[1:])
     if not os.path.exists(st.dataset):
         pytest.skip(f"the study's dataset {st.dataset} is not on this machine")
-    st._data_key = st.data_key()
-    assert st._data_key == rep["data"]
+    st.data_id = st.data_key()
+    assert st.data_id == rep["data"]
     stored = {p.name: json.loads(p.read_text()) for p in sorted((report.parent / "results").glob("*.json"))}
     arms = sorted({r["arm"] for r in stored.values()})
     st.fingerprints = {a: fp_mod.scheme_fingerprint(st.mcfg, st.fingerprint_config(a)) for a in arms}

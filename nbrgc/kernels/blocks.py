@@ -127,11 +127,56 @@ def replay(hook):
         _hook = old
 
 
+def attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
+    """The attention forward of ``attention`` ("store" keeps ``probs``; "recompute" uses only the
+    scratch). A function, not a branch in the block body: Numba types a body once before
+    ``literally`` makes ``attention`` a literal, and that first pass would compile the kernels of
+    both branches; an overload resolved on the literal compiles only the one a run uses."""
+    if attention == "store":
+        run("attention fwd", qkv, B, T, H, probs, y)
+    else:
+        run("attention fwd (keeps no probabilities)", qkv, B, T, H, probs_scratch, y)
+
+
+def attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+    """The attention backward matching :func:`attend_fwd`."""
+    if attention == "store":
+        run("attention bwd", dy, qkv, B, T, H, probs, dprobs, dqkv)
+    else:
+        run("attention bwd (recomputes probabilities)", dy, qkv, B, T, H, probs_scratch, dprobs,
+            dqkv)
+
+
+@overload(attend_fwd)
+def _attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
+    if not isinstance(attention, types.StringLiteral):
+        return None
+    if attention.literal_value == "store":
+        def impl(attention, qkv, B, T, H, probs, probs_scratch, y):
+            run("attention fwd", qkv, B, T, H, probs, y)
+    else:
+        def impl(attention, qkv, B, T, H, probs, probs_scratch, y):
+            run("attention fwd (keeps no probabilities)", qkv, B, T, H, probs_scratch, y)
+    return impl
+
+
+@overload(attend_bwd)
+def _attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+    if not isinstance(attention, types.StringLiteral):
+        return None
+    if attention.literal_value == "store":
+        def impl(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+            run("attention bwd", dy, qkv, B, T, H, probs, dprobs, dqkv)
+    else:
+        def impl(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+            run("attention bwd (recomputes probabilities)", dy, qkv, B, T, H, probs_scratch,
+                dprobs, dqkv)
+    return impl
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
-    # ``attention`` is a compile-time literal: the branch not taken is pruned before typing, so a
-    # run compiles only the attention kernels it uses
-    literally(attention)
+    literally(attention)  # a compile-time literal: see attend_fwd
     d = acts.resid.shape[2]
     for l in range(lo, hi):
         i = l - lo
@@ -141,11 +186,8 @@ def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
             acts.ln1_mean[i], acts.ln1_rstd[i])
         run("qkv gemm fwd", scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d),
             acts.qkv[i], nt)
-        if attention == "store":
-            run("attention fwd", acts.qkv[i], B, T, H, acts.probs[i], acts.att_out[i])
-        else:
-            run("attention fwd (keeps no probabilities)", acts.qkv[i], B, T, H, scr.probs_scratch,
-                acts.att_out[i])
+        attend_fwd(attention, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
+                   acts.att_out[i])
         run("residual+bias", x, _vec(P, o[PROJ_B], d), mid)
         run("attn-out gemm fwd", acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
         run("layernorm fwd", mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), scr.ln_out,
@@ -179,12 +221,8 @@ def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attent
         # attention: mid = x + attn(ln1(x)) @ wo + bo
         run("attn-out gemm bwd", acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
             _mat(G, o[PROJ_W], d, d), _vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
-        if attention == "store":
-            run("attention bwd", scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.dprobs,
-                scr.dqkv)
-        else:
-            run("attention bwd (recomputes probabilities)", scr.datt, acts.qkv[i], B, T, H,
-                scr.probs_scratch, scr.dprobs, scr.dqkv)
+        attend_bwd(attention, scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
+                   scr.dprobs, scr.dqkv)
         run("layernorm recompute", x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d),
             acts.ln1_mean[i], acts.ln1_rstd[i], scr.ln_out)
         run("qkv gemm bwd", scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), scr.dqkv, scr.dln1,
@@ -192,6 +230,19 @@ def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attent
         run("layernorm bwd", scr.dln1, x, _vec(P, o[LN1_W], d), acts.ln1_mean[i],
             acts.ln1_rstd[i], dresid, _vec(G, o[LN1_W], d), _vec(G, o[LN1_B], d),
             scr.ln_partials, nt, 1.0)
+
+
+def replay_fwd(hook, P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
+    """The blocks' forward body run as Python, every kernel call handed to ``hook(label, kernel,
+    *args)``: the production sequence of calls on the production buffers (the profile times it)."""
+    with replay(hook):
+        _blocks_fwd.py_func(P, offs, lo, hi, B, T, H, acts, scr, nt, attention)
+
+
+def replay_bwd(hook, P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention):
+    """The blocks' backward body, as :func:`replay_fwd`."""
+    with replay(hook):
+        _blocks_bwd.py_func(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

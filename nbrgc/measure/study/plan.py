@@ -110,7 +110,7 @@ class StudyPlan:
                          self.eval_every).validate_for(self.mcfg)
         self._ds = dataset_obj
         self.fingerprints = None
-        self._data_key = None
+        self.data_id = None  # data_key(), once run() has read the data
 
     def data(self):
         if self._ds is None:
@@ -160,7 +160,7 @@ class StudyPlan:
         key = {"arm": arm, "phase": phase, "seed": int(seed), "lr": float(lr),
                "model_config": self.mcfg.to_dict(),
                "train_config": {k: v for k, v in tc.to_dict().items() if k not in _NOT_IN_KEY},
-               "data": self._data_key,
+               "data": self.data_id,
                "test": ({"metric": "sliding_bpb", "bytes": self.test_bytes} if phase == "main" else None),
                "code_version": self.fingerprints[arm]}
         name = f"{phase}-{arm}-s{seed}-lr{fmt_lr(lr)}"

@@ -105,7 +105,7 @@ class Study(StudyPlan):
         process) and return the report. Raises StudyInterrupted after a stop."""
         os.makedirs(os.path.join(self.out, "results"), exist_ok=True)
         os.makedirs(self.work, exist_ok=True)
-        self._data_key = self.data_key()
+        self.data_id = self.data_key()
         t0 = time.perf_counter()
         self.log(f"nbrgc-study: numerics fingerprints of {len(self.arms)} arm(s) (float64, "
                  f"{fp_mod.FP_STEPS} steps)...")

@@ -132,7 +132,7 @@ def build(st, computed=()):
                eval_batches=st.base["eval_batches"], warmup_frac=st.base["warmup_frac"],
                min_lr_frac=st.base["min_lr_frac"], threads_per_run=st.base["threads"],
                schedule="linear warm-up, then cosine to min_lr_frac * lr")
-    rep = {"dataset": st.dataset, "data": st._data_key, "config": cfg,
+    rep = {"dataset": st.dataset, "data": st.data_id, "config": cfg,
            "tokens_per_run": st.steps * st.batch * st.seq, "seeds": seeds,
            "code_version": st.code_version(), "code_versions": dict(st.fingerprints or {}),
            "arms": arms, "convergence": convergence(bp_curves),
