@@ -12,12 +12,15 @@ shared BLAS pool.
 """
 import ctypes
 import glob
+import math
 import os
 import sys
+import time
 
 from .errors import NbrgcError
 
 _PREFERENCE = ("omp", "tbb")
+_STARTED = time.monotonic()  # about when this process started: nbrgc imports this early
 _layer = None
 
 
@@ -81,6 +84,33 @@ def cpu_count():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
+
+
+def others_load():
+    """Roughly how many cores other processes keep busy: the 1-minute load average less this
+    process's own share of it (its CPU time, children's included, over its life so far, weighted as
+    the kernel's exponential average weights the last ``elapsed`` seconds); None where the system
+    does not say."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - non-Unix
+        return None
+    t = os.times()
+    elapsed = max(1e-3, time.monotonic() - _STARTED)
+    rate = (t.user + t.system + t.children_user + t.children_system) / elapsed
+    return max(0.0, load - rate * (1.0 - math.exp(-elapsed / 60.0)))
+
+
+def busy_note(threads, cores):
+    """A one-line note when other processes already keep the cores busy, else None. A parallel
+    region waits for all its threads, so on a busy machine each one waits for a descheduled thread:
+    there fewer threads than cores ran faster (benchmarks/contention.md)."""
+    load = others_load()
+    if load is None or threads < 2 or load < cores - 0.5:
+        return None
+    return (f"the machine is busy (other processes load about {load:.1f} of {cores} cores): a "
+            f"parallel kernel waits for threads they delay; --threads {max(1, threads // 2)} may be "
+            "faster")
 
 
 def set_threads(n):

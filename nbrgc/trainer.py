@@ -27,7 +27,7 @@ from .memory import available_bytes, estimate, fmt_mib, peak_rss_mib
 from .model import Model
 from .optim import lr_at
 from .schemes import make_scheme
-from .threads import cpu_count, describe, limit_blas, set_threads
+from .threads import busy_note, cpu_count, describe, limit_blas, set_threads
 
 CONFIG_FILE = "run.json"
 
@@ -239,6 +239,9 @@ class Trainer:
         limit_blas(1)
         est = self._check_memory(set_threads(budget))
         self.info(f"nbrgc: {describe()}")
+        note = None if tc.threads else busy_note(budget, cpu_count())
+        if note:
+            self.info(f"note: {note}")
         self.info(f"model {mcfg.to_dict()} | mode {tc.mode} | batch {tc.batch} x seq {self.seq} | "
                   f"steps {tc.steps} | data {self.data.name} ({len(self.data.train):,} train bytes)")
         model, scheme, stages = self._build_model_and_scheme()
