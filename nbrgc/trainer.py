@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from . import checkpoint as ckpt
 from .atomic import write_json
+from .boundary import BackgroundCheckpoints
+from .clock import TrainingClock
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
@@ -44,48 +46,12 @@ class _Run:
     t_start: float
     est: dict                  # the memory estimate
     start: int                 # the step this process started from
-    clock: "_TrainingClock"
+    clock: "TrainingClock"
     step: int                  # steps submitted
     done: int                  # steps finished
     last_eval: dict = None
     last_ckpt: str = None
     bar: object = None
-
-
-class _TrainingClock:
-    """Training throughput: tokens of steps over the time spent in steps, without start-up, pauses
-    (evaluation, checkpoints) and the first step of a process, which loads the kernels."""
-
-    def __init__(self, start, tokens_per_step):
-        self.first_timed, self.tokens_per_step = start + 1, tokens_per_step
-        self.train_time, self.timed_tokens, self.seg_t0 = 0.0, 0, time.perf_counter()
-
-    def restart(self):
-        """A training segment starts (after set-up or a pause)."""
-        self.seg_t0 = time.perf_counter()
-
-    def submitting(self, step, t):
-        if step == self.first_timed:
-            self.seg_t0 = t
-
-    def finished(self, step):
-        if step >= self.first_timed:
-            self.timed_tokens += self.tokens_per_step
-
-    def pause(self, step, now):
-        """The segment ends at ``now``, after ``step`` steps were submitted."""
-        if step > self.first_timed:
-            self.train_time += now - self.seg_t0
-
-    def tokens_per_s_at(self, now):
-        """The rate so far, the current segment up to ``now`` included (the log lines)."""
-        if not self.timed_tokens:
-            return 0.0
-        return self.timed_tokens / max(1e-9, self.train_time + now - self.seg_t0)
-
-    def tokens_per_s(self):
-        """The rate over the closed segments (the summary)."""
-        return self.timed_tokens / self.train_time if self.train_time > 0 else 0.0
 
 
 class Trainer:
@@ -106,6 +72,7 @@ class Trainer:
         self.json_lines, self.progress = json_lines, progress
         self.stream = stream or sys.stdout
         self._human = log
+        self._out_lock = threading.RLock()
         self.max_memory = max_memory
         self.fault_hook = fault_hook
         self.time_limit = time_limit
@@ -123,12 +90,17 @@ class Trainer:
     # ------------------------------------------------------------------ output
     def info(self, msg):
         """Human-readable notes go to stderr (stdout carries the JSON lines with --json)."""
-        if self._human is not None:
-            self._human(msg)
-        else:
-            print(msg, file=sys.stderr, flush=True)
+        with self._out_lock:  # the boundary thread (nbrgc.boundary) reports too
+            if self._human is not None:
+                self._human(msg)
+            else:
+                print(msg, file=sys.stderr, flush=True)
 
     def emit(self, rec):
+        with self._out_lock:
+            self._emit(rec)
+
+    def _emit(self, rec):
         if self.json_lines:
             self.stream.write(json.dumps(rec) + "\n")
             self.stream.flush()
@@ -256,7 +228,7 @@ class Trainer:
                       f"(stage k on worker k mod {scheme.W}), max staleness {tc.max_staleness}")
         r = _Run(model=model, scheme=scheme, stages=stages, batches=batches, held_out=held_out,
                  eval_ws=scheme.eval_workspace(tc.batch, self.seq), t_start=t_start, est=est, start=start,
-                 clock=_TrainingClock(start, tc.batch * self.seq), step=start, done=start)
+                 clock=TrainingClock(start, tc.batch * self.seq), step=start, done=start)
         if self.progress:
             from tqdm import tqdm
             r.bar = tqdm(total=tc.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
@@ -288,8 +260,12 @@ class Trainer:
 
     def _train(self, r, handlers):
         """Submit steps until the last one or a stop; pause the scheme at every evaluation, checkpoint
-        or stop point. Returns the results of steps still in flight when the loop ended."""
+        or stop point, except that where the scheme can snapshot (rgc-async) a checkpoint between
+        evaluations is written from a snapshot beside the steps (nbrgc.boundary). Returns the results
+        of steps still in flight when the loop ended."""
         tc, scheme = self.tc, r.scheme
+        boundaries = (BackgroundCheckpoints(self, r) if getattr(scheme, "can_snapshot", lambda: False)()
+                      else None)
         try:
             while r.step < tc.steps and not self._stop.is_set():
                 x, y = r.batches.next()
@@ -305,7 +281,15 @@ class Trainer:
                 # decided once, before the results are reported: a stop requested while reporting
                 # (a signal, a callback) must not save a pipeline that has not been drained
                 pause = self._is_pause(r.step, time_up)
+                if pause and boundaries is not None and not (self._is_eval(r.step) or time_up
+                                                             or self._stop.is_set()):
+                    boundaries.start(r.step)  # checkpoint a snapshot beside the steps
+                    pause = False
+                if boundaries is not None:
+                    boundaries.check()
                 if pause:
+                    if boundaries is not None:
+                        boundaries.join()
                     results += scheme.drain()
                 now = time.perf_counter()
                 self._log_steps(r, results, now)
@@ -324,6 +308,8 @@ class Trainer:
             raise
         finally:
             try:
+                if boundaries is not None:
+                    boundaries.join()
                 results = scheme.drain()
             except BaseException:
                 self._restore_signals(handlers)
@@ -411,11 +397,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _save(self, model, scheme, batches, step):
+        arrays, meta = scheme.state()
+        return self.write_checkpoint(step, arrays, meta, model.flat, batches.state())
+
+    def write_checkpoint(self, step, arrays, meta, params, batches_state):
+        """The checkpoint of boundary ``step`` from a scheme's state (``arrays``, ``meta``), the
+        parameters and the batch stream's state; its path (None without a run folder)."""
         if self.out is None:
             return None
-        arrays, meta = scheme.state()
-        arrays = dict(arrays, params=model.flat)
-        meta = dict(meta, **self._run_meta(), train_config=self.tc.to_dict(), batches=batches.state(),
+        arrays = dict(arrays, params=params)
+        meta = dict(meta, **self._run_meta(), train_config=self.tc.to_dict(), batches=batches_state,
                     data=self.data_spec or self.data.name)
         return ckpt.save(self.out, step, arrays, meta, keep=self.tc.keep)
 

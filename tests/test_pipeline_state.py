@@ -148,3 +148,50 @@ def test_checkpoint_holds_the_decoder_versions(data, tmp_path):
     # the versions steps 9 and 10 read are older decoders, all different from each other
     live = [versions[v % (S + 2)] for v in range(9 - S, 10)]
     assert all(not np.array_equal(a, b) for i, a in enumerate(live) for b in live[i + 1:])
+
+
+@pytest.mark.parametrize("S", [0, 1, 2])
+def test_snapshot_checkpoints_equal_paused_ones(data, tmp_path, monkeypatch, S):
+    """A checkpoint between evaluations, written from a snapshot while the stages run on, is the
+    file a run that pauses the pipeline there writes, bit for bit, and the run goes on the same."""
+    from nbrgc.schemes.rgc_async import RGCAsync
+    kw = dict(max_staleness=S, eval_every=6, ckpt_every=5, keep=100, stage_workers=2)
+    snap_dir, pause_dir = str(tmp_path / "snap"), str(tmp_path / "pause")
+    taken = []
+    real = RGCAsync.snapshot
+    monkeypatch.setattr(RGCAsync, "snapshot", lambda self, step: taken.append(step) or real(self, step))
+    snap, _ = run(data, out=snap_dir, **kw)
+    assert taken == [5, 10, 15, 20, 25, 35]  # the checkpoints no evaluation pauses for
+    monkeypatch.setattr(RGCAsync, "can_snapshot", lambda self: False)
+    paused, _ = run(data, out=pause_dir, **kw)
+    assert snap.losses() == paused.losses()
+    assert ckpt_steps(snap_dir) == ckpt_steps(pause_dir) == sorted(
+        set(taken) | {6, 12, 18, 24, 30, 36, STEPS})
+    for step in ckpt_steps(snap_dir):
+        (a, ma) = ck.load(ck.checkpoint_path(snap_dir, step))
+        (b, mb) = ck.load(ck.checkpoint_path(pause_dir, step))
+        assert a.keys() == b.keys()
+        for name in a:
+            assert np.array_equal(a[name], b[name]), (S, step, name)
+        assert ma == mb, (S, step)
+    vals = [[(r.get("step"), r["val_bpb"]) for r in x.records if "val_bpb" in r] for x in (snap, paused)]
+    assert vals[0] == vals[1]
+
+
+def test_a_stage_failing_under_a_pending_snapshot_stops_the_run_without_its_checkpoint(data, tmp_path):
+    """Stage 2 fails at step 5 before the snapshot of boundary 5 is complete: the run raises the
+    stage's error promptly, and no checkpoint of step 5 (nor a partial file) is written."""
+    from nbrgc.errors import StageError
+
+    def hook(k, t):
+        if (k, t) == (2, 5):
+            raise RuntimeError("injected")
+    d = str(tmp_path / "f")
+    tc = TrainConfig(mode="rgc-async", steps=STEPS, batch=4, n_stages=4, seed=5, threads=2,
+                     stage_threads="1", eval_every=STEPS, ckpt_every=5, eval_batches=2)
+    tr = Trainer(CFG, tc, data, d, json_lines=True, progress=False, log=lambda m: None,
+                 stream=Records(), fault_hook=hook)
+    with pytest.raises(StageError, match="stage 2 failed: RuntimeError: injected"):
+        tr.run()
+    assert 5 not in ckpt_steps(d)
+    assert not [p for p in os.listdir(d) if p.endswith(".tmp") or ".tmp." in p]

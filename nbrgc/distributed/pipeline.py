@@ -41,6 +41,9 @@ from .link import Stopped
 
 
 class RGCAsyncMPI(RGCAsync):
+    def can_snapshot(self):
+        return False  # a checkpoint gathers every rank's segment: it pauses (see state())
+
     def __init__(self, model, tc, link=None, **kw):
         super().__init__(model, tc, **kw)
         self.link = link
