@@ -4,7 +4,6 @@ the entry points every training scheme uses (embed, a range of blocks, the share
 Flat layout, in order: wte, wpe, blocks 0..L-1 (each contiguous, BLOCK_PARAMS order), then the decoder
 lnf.w, lnf.b, head.w, head.b (contiguous, so an RGC slot or the decoder's optimizer is one slice).
 """
-import copy
 import numba
 import numpy as np
 
@@ -189,18 +188,6 @@ class Model:
                 p[...] = rng.normal(0.0, std, p.shape)
             else:
                 p[...] = 0.0
-
-    def reading(self, flat):
-        """This model over another parameter buffer ``flat`` (same layout and dtype), without
-        copying: for evaluating a snapshot while this model's own parameters change. It shares the
-        gradient buffer, so use it only for forward passes."""
-        flat = np.asarray(flat)
-        if flat.shape != self.flat.shape or flat.dtype != self.dtype:
-            raise ConfigError(f"parameters of shape {flat.shape} {flat.dtype} do not fit this model "
-                              f"({self.flat.shape} {self.dtype})")
-        other = copy.copy(self)
-        other.flat, other.params, other._ws = flat, self.layout.views(flat), {}
-        return other
 
     @property
     def n_params(self):
