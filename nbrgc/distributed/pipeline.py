@@ -36,7 +36,8 @@ import numpy as np
 
 from ..config import parse_stage_threads, resolve_stage_workers
 from ..errors import ConfigError
-from ..schemes.rgc_async import RGCAsync, _Stopped, autotune_groups
+from ..schemes.autotune import autotune_groups
+from ..schemes.rgc_async import RGCAsync, _Stopped
 from .link import Stopped
 
 

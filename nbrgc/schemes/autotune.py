@@ -48,3 +48,14 @@ def autotune_groups(model, stages, budget, B, T, log=None, reps=2):
         log("stage-thread autotune: " + ", ".join(f"{n} thr {t * 1e3:.0f} ms" for n, t in
                                                   timings.items()) + f" -> groups {groups}")
     return groups
+
+
+def stage_groups(model, stages, budget, W, B, T, log=None):
+    """--stage-threads auto: the thread group of each stage. Stages that share W < K workers split
+    the budget over the workers evenly; a worker per stage is timed (:func:`autotune_groups`)."""
+    K = len(stages)
+    if W < K:
+        per, extra = divmod(budget, W)
+        wg = [max(1, per + (w < extra)) for w in range(W)]
+        return [wg[k % W] for k in range(K)]
+    return autotune_groups(model, stages, budget, B, T, log)

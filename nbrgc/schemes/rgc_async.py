@@ -26,13 +26,8 @@ workers at such a boundary without stopping them (each stage waits at most one s
 ``state`` writes the versions into the checkpoint and ``load_state`` restores them, so evaluation,
 checkpoints, stops and resumes leave the trajectory exactly as an uninterrupted run's.
 
-Evaluations and checkpoints need not even pause: :meth:`RGCAsync.snapshot` asks the workers to copy
-the state at boundary n while they run on. Each stage copies its parameters and AdamW moments at
-step n just before its own update of step n (they are then exactly the state after step n - 1), and
-the stage that closes round n - 1 copies the decoder version n, the decoder's moments and the
-versions ring under the lock that publishes the version; the trainer evaluates and checkpoints that
-copy on a thread of its own while the stages train on. Reading a copy changes nothing the stages
-compute, so the trajectory is the same as with a pause.
+A checkpoint between evaluations need not even pause: :meth:`RGCAsync.snapshot` has the workers
+copy the state at a boundary while they run on (:mod:`nbrgc.schemes.snapshot`).
 
 Waiting uses one Condition with short timeouts, so a failing stage stops every other promptly.
 """
@@ -50,78 +45,15 @@ from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward,
 from ..optim import clip_scale
 from ..threads import cpu_count, set_threads
 from . import StepResult
-from .autotune import autotune_groups
+from .autotune import stage_groups
 from .common import SchemeBase
+from .snapshot import Snapshot
 
 _WAIT = 0.05
 
 
 class _Stopped(Exception):
     pass
-
-
-class Snapshot:
-    """The pipeline state at step boundary ``step``, filled in by the workers while they run on
-    (see the module docstring). ``wait`` until it is complete, read ``params`` and ``state()``,
-    then ``release`` it: the scheme keeps one copy and takes the next snapshot into it."""
-
-    def __init__(self, scheme):
-        m = scheme.model
-        self.scheme = scheme
-        self.params = np.zeros(m.layout.size, m.dtype)
-        self.M = np.zeros_like(self.params)
-        self.V = np.zeros_like(self.params)
-        self.versions = np.zeros_like(scheme.versions)
-        self.opt_steps = [0] * (scheme.K + 1)
-        self.step = None
-        self._lock = threading.Lock()
-        self._parts = 0
-        self._complete = threading.Event()
-
-    def _arm(self, step):
-        self.step, self._parts = step, 0
-        self._complete.clear()
-
-    def _part_done(self):
-        with self._lock:
-            self._parts += 1
-            if self._parts == self.scheme.K + 1:  # every stage and the decoder
-                self._complete.set()
-
-    def _take_range(self, i, lo, hi, opt, src=None):
-        s = self.scheme
-        self.params[lo:hi] = s.model.flat[lo:hi] if src is None else src
-        self.M[lo:hi] = s.M[lo:hi]
-        self.V[lo:hi] = s.V[lo:hi]
-        self.opt_steps[i] = opt.t
-        self._part_done()
-
-    def _take_decoder(self):
-        """Called with the scheme's lock held, once version ``step`` is published."""
-        s = self.scheme
-        self.versions[...] = s.versions
-        self._take_range(s.K, s.dec_lo, s.dec_hi, s.opt_dec, s.versions[self.step % (s.S + 2)])
-
-    def wait(self):
-        """True once complete; False when the workers stopped first (a failure or a shutdown)."""
-        while not self._complete.wait(_WAIT):
-            if self.scheme.stop or not self.scheme._threads:
-                return False
-        return True
-
-    def state(self):
-        """(arrays, meta) as :meth:`RGCAsync.state` would give them after a pause at ``step``."""
-        s = self.scheme
-        arrays = {"adam_m": self.M, "adam_v": self.V, "decoder_versions": self.versions}
-        meta = {"opt_steps": list(self.opt_steps), "decoder_version": self.step,
-                "max_staleness": s.S, "stage_groups": s.groups, "stage_workers": s.W}
-        return arrays, meta
-
-    def release(self):
-        with self.scheme.cond:
-            if self.scheme._snap is self:
-                self.scheme._snap = None
-            self.scheme.cond.notify_all()
 
 
 class RGCAsync(SchemeBase):
@@ -211,12 +143,7 @@ class RGCAsync(SchemeBase):
     def tune(self, B, T):
         """Resolve --stage-threads auto (once)."""
         if self.groups is None:
-            if self.W < self.K:  # stages share workers: split the budget over the workers evenly
-                per, extra = divmod(self.budget, self.W)
-                wg = [max(1, per + (w < extra)) for w in range(self.W)]
-                self.groups = [wg[k % self.W] for k in range(self.K)]
-            else:
-                self.groups = autotune_groups(self.model, self.stages, self.budget, B, T, self.log)
+            self.groups = stage_groups(self.model, self.stages, self.budget, self.W, B, T, self.log)
         return self.groups
 
     def worker_stages(self, w):
@@ -303,24 +230,14 @@ class RGCAsync(SchemeBase):
 
     def snapshot(self, step):
         """Ask for a copy of the state at boundary ``step``; call it after submitting step
-        ``step - 1`` and before submitting ``step``. Waits while the previous snapshot is still
-        being read. Returns the :class:`Snapshot` (``wait`` on it before reading)."""
+        ``step - 1`` and before submitting ``step``. Returns the :class:`Snapshot`, the one copy
+        this scheme keeps (waits while it is still being read)."""
         if step != self.submitted or not self._threads:
             raise NbrgcError(f"rgc-async: a snapshot is taken at the submitted boundary "
                              f"({self.submitted}), not at {step}")
         if self._snap_buf is None:
             self._snap_buf = Snapshot(self)
-        snap = self._snap_buf
-        with self.cond:
-            while self._snap is not None:
-                if self.stop:
-                    break
-                self.cond.wait(_WAIT)
-            snap._arm(step)  # after a failure or stop, wait() on it returns False
-            self._snap = snap
-            if self.version == step:  # round step-1 already closed: its decoder state is frozen
-                snap._take_decoder()  # until step is submitted, so copy it here
-        return snap
+        return self._snap_buf.request(step)
 
     def close(self):
         self._shutdown()
