@@ -101,14 +101,39 @@ def others_load():
     return max(0.0, load - rate * (1.0 - math.exp(-elapsed / 60.0)))
 
 
+def runnable_others(samples=5, gap=0.01):
+    """Runnable tasks on the machine now, less the one sampling: the fewest of a few samples of
+    /proc/loadavg's running count (a moment's spinning thread of this process is not load); None
+    where the system does not say."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return None
+        if i + 1 < samples:
+            time.sleep(gap)
+    return max(0, min(counts))
+
+
 def busy_note(threads, cores):
-    """A one-line note when other processes already keep the cores busy, else None. A parallel
-    region waits for all its threads, so on a busy machine each one waits for a descheduled thread:
-    there fewer threads than cores ran faster (benchmarks/contention.md)."""
-    load = others_load()
-    if load is None or threads < 2 or load < cores - 0.5:
+    """A one-line note when other processes keep the cores busy, else None. A parallel region waits
+    for all its threads, so on a busy machine each one waits for a descheduled thread: there fewer
+    threads than cores ran faster (benchmarks/contention.md). Busy means both over the last minute
+    (the load average less this process's share) and now (the load average lags: a process that
+    just ended still counts there)."""
+    if threads < 2:
         return None
-    return (f"the machine is busy (other processes load about {load:.1f} of {cores} cores): a "
+    load = others_load()
+    if load is None or load < cores - 0.5:
+        return None
+    now = runnable_others()
+    if now is not None:
+        if now < cores - 0.5:
+            return None
+        load = min(load, now)
+    return (f"the machine is busy (other processes keep about {load:.1f} of {cores} cores busy): a "
             f"parallel kernel waits for threads they delay; --threads {max(1, threads // 2)} may be "
             "faster")
 
