@@ -10,7 +10,6 @@ Failures end the job: a rank that raises prints one line naming itself and the s
 ``MPI_Abort``; a rank that waits on a silent peer past the deadline does the same (see
 :mod:`.link`); a rank that dies is seen by mpiexec, which stops the others.
 """
-import json
 import os
 import sys
 from dataclasses import replace
@@ -18,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import checkpoint as ckpt
+from ..atomic import write_json
 from ..errors import NbrgcError, StageError
 from ..threads import cpu_count
 from ..trainer import Trainer
@@ -116,7 +116,7 @@ class DistributedTrainer(Trainer):
 
     def _restore(self, model, scheme, batches):
         expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode,
-                  "n_stages": self.tc.n_stages if self.tc.mode != "bp" else 1}
+                  "n_stages": self.tc.n_stages}  # 1 for bp (TrainConfig sets it)
         found = self._agree(lambda: ckpt.latest(self.out, expect=expect, log=self.info),
                             "the checkpoint to resume from")
         if found is None:
@@ -192,9 +192,7 @@ def run_ranks(mcfg, tc, a, fault_hook):
                             for r, d in enumerate(report["bytes_sent_per_step"]))
             trainer.info(f"mpi: {link.size} ranks; bytes sent per step: {per}")
             if a.out is not None:
-                with open(os.path.join(a.out, "mpi.json.tmp"), "w") as f:
-                    json.dump(dict(report, mode=tc.mode, n_stages=tc.n_stages), f, indent=1)
-                os.replace(os.path.join(a.out, "mpi.json.tmp"), os.path.join(a.out, "mpi.json"))
+                write_json(os.path.join(a.out, "mpi.json"), dict(report, mode=tc.mode, n_stages=tc.n_stages))
         return 0
     except AgreedError as exc:
         if link.rank == 0:

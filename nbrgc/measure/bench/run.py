@@ -3,6 +3,7 @@ report; ``write_json`` stores it."""
 import os
 
 from ...atomic import write_json as _write_json_atomic
+from ...config import MODES
 from ...errors import ConfigError, NbrgcError
 from .figures import aggregate
 from .flops import (FLOPS_FORMULA, executed_flops_per_token, flops_per_token, gemm_shape_for,
@@ -11,7 +12,7 @@ from .launch import launch
 from .plan import BASE, default_n_stages, interleaved, plan_variants
 
 
-def run_bench(config="small", modes=("bp", "rgc-sync", "rgc-async"), threads=(2,), repeats=3,
+def run_bench(config="small", modes=MODES, threads=(2,), repeats=3,
               warmup_steps=3, steps=20, batch=None, seq=0, n_stages=None, stage_groups=("auto",),
               stage_workers=(0,), max_staleness=1, attention=("store",), dataset="default",
               data_dir=None, seed=0, gemm_peak=False,

@@ -72,7 +72,7 @@ def scheme_figures(mcfg, tc):
     data = synthetic_bytes()
     train, held = data[:6144], data[6144:]
     model = Model(mcfg, seed=0, dtype=np.float64, attention=ftc.attention)
-    stages = split_stages(mcfg.n_layer, ftc.n_stages if ftc.mode != "bp" else 1)
+    stages = split_stages(mcfg.n_layer, ftc.n_stages)  # 1 for bp (TrainConfig sets it)
     scheme = make_scheme(model, ftc, log=lambda m: None)
     if ftc.mode != "bp" and ftc.stage_init == "identity":
         _identity_init()(model, stages)
