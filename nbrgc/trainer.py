@@ -24,6 +24,7 @@ from .clock import TrainingClock
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
+from .kernels.warmup import ensure_cached
 from .local import identity_init, split_stages
 from .memory import available_bytes, estimate, fmt_mib, peak_rss_mib
 from .model import Model
@@ -209,6 +210,7 @@ class Trainer:
         self._open_run_folder()
         budget = tc.threads or cpu_count()
         limit_blas(1)
+        ensure_cached(attention=tc.attention, mode=tc.mode)  # so this process computes with cached code
         est = self._check_memory(set_threads(budget))
         self.info(f"nbrgc: {describe()}")
         note = None if tc.threads else busy_note(budget, cpu_count())

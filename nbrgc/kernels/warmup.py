@@ -7,7 +7,8 @@ argument types, which are all that compiled code depends on, are those of the re
 steps then only load nothing and compile nothing. Numba's own cache (``cache=True``, see
 :mod:`nbrgc.kernels.jitcache`) keeps the machine code, so this is slow once per machine and version.
 
-The Python API does not need this: kernels still compile lazily on first use.
+The Python API needs no call: a Trainer calls :func:`ensure_cached`, the quiet form; other entry
+points compile lazily on first use.
 """
 import os
 import subprocess
@@ -63,12 +64,13 @@ class _Compiles:
         self.event.unregister("numba:compile", self.listener)
 
 
-# On a cold cache a second process compiles the blocks' backward (about 40% of the compile time)
-# while this one compiles the rest: Numba compiles in the calling thread only, so one process
-# leaves the other core idle.
-CHILD_PART = ("blocks backward",)
-# Steps that need the child's output (they then only load it from the cache).
-AFTER_CHILD = CHILD_PART + ("embedding backward",)
+# On a machine's first run of a version, two helper processes compile the kernels into the cache (the
+# blocks' backward, about 40% of the work, in one; the rest in the other: Numba compiles in the
+# calling thread only), and this process then loads them all. Loading matters as much as the second
+# core: a kernel compiled in this process can round its reassociated reductions differently from the
+# same kernel loaded from the cache (docs/schemes.md), so a first run computing with freshly compiled
+# code would not repeat its own results on the second run.
+PARTS = ("blocks backward", "the rest")
 
 
 def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
@@ -105,26 +107,86 @@ def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
     return out
 
 
-def _spawn_child(dtype, attention, mode):
-    """Start ``python -m nbrgc.kernels.warmup`` compiling CHILD_PART into the shared cache.
-    Two processes may then write one kernel's cache index at once (a kernel both parts use with
-    different signatures); a lost index entry costs only a recompile in a later run."""
+def _marker(dtype, attention, mode):
+    """The file that says this version's kernels for a run of this kind are in the cache."""
+    import numba
+    d = numba.config.CACHE_DIR
+    return os.path.join(d, f"warm-{np.dtype(dtype).name}-{attention}-{mode}") if d else None
+
+
+def _spawn(dtype, attention, mode, part):
+    """``python -m nbrgc.kernels.warmup`` compiling one of PARTS into the shared cache. The two may
+    write one kernel's cache index at once (a kernel both parts use with different signatures); a
+    lost entry only means this process compiles that kernel itself."""
     env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"))
     return subprocess.Popen([sys.executable, "-m", "nbrgc.kernels.warmup", np.dtype(dtype).name,
-                             attention, mode], env=env, stdout=subprocess.DEVNULL,
+                             attention, mode, part], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
+
+
+def _compile_in_helpers(dtype, attention, mode, status):
+    """Run the two helper processes to the end (at once on several cores, one after the other on
+    one), with the elapsed time on the status line; returns the last error line of each that
+    failed."""
+    together = (os.cpu_count() or 1) > 1
+    t0 = time.perf_counter()
+    status.show(f"{PHRASE}, in {'two processes' if together else 'a second process'} ...",
+                final=not status.tty)
+    errors = []
+    for group in ([PARTS] if together else [[p] for p in PARTS]):
+        helpers = [_spawn(dtype, attention, mode, part) for part in group]
+        while any(h.poll() is None for h in helpers):
+            time.sleep(0.2)
+            if status.tty:
+                status.show(f"{PHRASE}: {time.perf_counter() - t0:.0f} s ...")
+        for h in helpers:
+            err = h.stderr.read().decode(errors="replace").strip().splitlines()
+            h.stderr.close()
+            if h.returncode:
+                errors.append(err[-1] if err else f"exit status {h.returncode}")
+    return errors
+
+
+def _mark(marker):
+    try:
+        with open(marker, "w"):
+            pass
+    except OSError:
+        pass  # a read-only cache: the next run compiles in helpers again
+
+
+def ensure_cached(dtype=np.float32, attention="store", mode="bp"):
+    """Make sure a run of this kind finds its kernels in the cache (helper processes compile them
+    the first time for this version), so this process only loads them: what :class:`Trainer` calls
+    before a run, quietly. True when they are (or were already) cached."""
+    marker = _marker(dtype, attention, mode)
+    if marker is None or os.path.exists(marker):
+        return marker is not None
+    status = _Status(sys.stderr)
+    status.show = lambda text, final=False: None
+    if _compile_in_helpers(dtype, attention, mode, status):
+        return False
+    _mark(marker)
+    return True
 
 
 def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=False,
             parallel=True):
     """Compile or load every kernel a run uses, with a status line on ``stream`` (default stderr;
-    none with ``quiet``); returns (seconds, kernels compiled in this process). On a cold cache
-    (the first step compiles) and with ``parallel``, a child process compiles CHILD_PART beside
-    it."""
+    none with ``quiet``); returns (seconds, kernels compiled in this process). The first time for
+    this version (no marker in the cache) and with ``parallel``, helper processes compile them (two
+    at once where there are two cores) and this one loads them."""
     status = _Status(sys.stderr if stream is None else stream)
     if quiet:
         status.show = lambda text, final=False: None
     t0 = time.perf_counter()
+    marker = _marker(dtype, attention, mode)
+    helped, errors = False, []
+    if parallel and marker and not os.path.exists(marker):
+        errors = _compile_in_helpers(dtype, attention, mode, status)
+        helped = not errors
+        if errors:  # this process compiles what is missing itself; say why once
+            status.show(f"parallel compile failed, continuing alone: {errors[0]}", final=True)
     todo = steps(dtype, attention, mode)
     where = {"i": 0, "what": todo[0][0]}
     last = [0.0]
@@ -138,39 +200,28 @@ def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=F
             last[0] = now
             status.show(f"{PHRASE} ...", final=True)
 
-    child, deferred = None, []
     with _Compiles(on_kernel) as compiles:
         for i, (what, call) in enumerate(todo):
             where.update(i=i, what=what)
-            if child is not None and what in AFTER_CHILD:
-                deferred.append((i, what, call))
-                continue
             call()
-            if i == 0 and compiles.n and parallel and (os.cpu_count() or 1) > 1:
-                child = _spawn_child(dtype, attention, mode)
-        if child is not None:
-            status.show(f"{PHRASE}: waiting for the {', '.join(CHILD_PART)} (a second process) ...")
-            err = child.communicate()[1]
-            if child.returncode:  # this process compiles them itself; say why once
-                status.show(f"parallel compile failed, continuing alone: "
-                            f"{err.decode(errors='replace').strip().splitlines()[-1:]}", final=True)
-            for i, what, call in deferred:
-                where.update(i=i, what=what)
-                call()
+    if marker:
+        _mark(marker)
     dt = time.perf_counter() - t0
-    how = "cached" if compiles.n == 0 else f"{compiles.n} compiled, cached for the next run"
-    if child is not None and not child.returncode:
-        how = how.replace(" compiled", f" compiled here and the {', '.join(CHILD_PART)} in a second "
-                                       "process")
+    if helped:
+        how = "compiled in helper processes, cached for the next run" + (
+            f"; {compiles.n} more compiled here" if compiles.n else "")
+    else:
+        how = "cached" if compiles.n == 0 else f"{compiles.n} compiled, cached for the next run"
     status.show(f"kernels ready in {dt:.1f} s ({how})", final=True)
     return dt, compiles.n
 
 
-def _child(dtype, attention, mode):
-    for what, call in steps(np.dtype(dtype).type, attention, mode, skip_forward=True):
-        if what in CHILD_PART:
+def _child(dtype, attention, mode, part):
+    backward = part == "blocks backward"
+    for what, call in steps(np.dtype(dtype).type, attention, mode, skip_forward=backward):
+        if (what == "blocks backward") == backward:
             call()
 
 
 if __name__ == "__main__":
-    _child(*sys.argv[1:4])
+    _child(*sys.argv[1:5])
