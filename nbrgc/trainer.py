@@ -266,8 +266,7 @@ class Trainer:
         evaluations is written from a snapshot beside the steps (nbrgc.boundary). Returns the results
         of steps still in flight when the loop ended."""
         tc, scheme = self.tc, r.scheme
-        boundaries = (BackgroundCheckpoints(self, r) if self.out is not None
-                      and getattr(scheme, "can_snapshot", lambda: False)() else None)
+        boundaries = BackgroundCheckpoints(self, r) if self.out is not None and scheme.can_snapshot() else None
         try:
             while r.step < tc.steps and not self._stop.is_set():
                 x, y = r.batches.next()

@@ -23,8 +23,10 @@ PHRASE = "compiling kernels (once per machine and version)"
 class _Status:
     """One stderr line, rewritten in place on a terminal (a line per step elsewhere)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, quiet=False):
         self.stream = stream
+        if quiet:
+            self.show = lambda text, final=False: None
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.width = 0
 
@@ -162,9 +164,7 @@ def ensure_cached(dtype=np.float32, attention="store", mode="bp"):
     marker = _marker(dtype, attention, mode)
     if marker is None or os.path.exists(marker):
         return marker is not None
-    status = _Status(sys.stderr)
-    status.show = lambda text, final=False: None
-    if _compile_in_helpers(dtype, attention, mode, status):
+    if _compile_in_helpers(dtype, attention, mode, _Status(sys.stderr, quiet=True)):
         return False
     _mark(marker)
     return True
@@ -176,9 +176,7 @@ def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=F
     none with ``quiet``); returns (seconds, kernels compiled in this process). The first time for
     this version (no marker in the cache) and with ``parallel``, helper processes compile them (two
     at once where there are two cores) and this one loads them."""
-    status = _Status(sys.stderr if stream is None else stream)
-    if quiet:
-        status.show = lambda text, final=False: None
+    status = _Status(sys.stderr if stream is None else stream, quiet)
     t0 = time.perf_counter()
     marker = _marker(dtype, attention, mode)
     helped, errors = False, []

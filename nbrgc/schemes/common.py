@@ -43,6 +43,11 @@ class SchemeBase:
     def optimizers(self):
         raise NotImplementedError
 
+    def can_snapshot(self):
+        """Whether the scheme can copy its state at a step boundary while it runs on
+        (``snapshot(step)``, see :mod:`nbrgc.schemes.snapshot`); the others pause to checkpoint."""
+        return False
+
     def eval_workspace(self, B, T):
         """A Workspace for evaluating one stage at a time at batch (B, T) while the scheme is
         paused: the scheme's own buffers where it has them, so evaluation allocates nothing."""

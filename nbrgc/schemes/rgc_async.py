@@ -225,7 +225,7 @@ class RGCAsync(SchemeBase):
         return out
 
     def can_snapshot(self):
-        """Whether :meth:`snapshot` works here: this process runs every stage."""
+        """This process runs every stage, so it can take a :meth:`snapshot`."""
         return self.local_stages == list(range(self.K))
 
     def snapshot(self, step):
@@ -439,11 +439,14 @@ class RGCAsync(SchemeBase):
         """Called at a step boundary (after ``drain``): the versions ring is the pipeline's state."""
         arrays, meta = super().state()
         arrays["decoder_versions"] = self.versions
-        meta["decoder_version"] = self.version
-        meta["max_staleness"] = self.S
-        meta["stage_groups"] = self.groups
-        meta["stage_workers"] = self.W
+        meta.update(self.pipeline_meta(self.version))
         return arrays, meta
+
+    def pipeline_meta(self, version):
+        """What a checkpoint of boundary ``version`` records about the pipeline besides its arrays
+        (a pause's :meth:`state` and a :class:`Snapshot`'s alike)."""
+        return {"decoder_version": version, "max_staleness": self.S, "stage_groups": self.groups,
+                "stage_workers": self.W}
 
     def load_state(self, arrays, meta):
         super().load_state(arrays, meta)

@@ -76,11 +76,8 @@ class Snapshot:
 
     def state(self):
         """(arrays, meta) as :meth:`RGCAsync.state` would give them after a pause at ``step``."""
-        s = self.scheme
         arrays = {"adam_m": self.M, "adam_v": self.V, "decoder_versions": self.versions}
-        meta = {"opt_steps": list(self.opt_steps), "decoder_version": self.step,
-                "max_staleness": s.S, "stage_groups": s.groups, "stage_workers": s.W}
-        return arrays, meta
+        return arrays, dict(opt_steps=list(self.opt_steps), **self.scheme.pipeline_meta(self.step))
 
     def release(self):
         with self.scheme.cond:
