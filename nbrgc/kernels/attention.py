@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import FLAGS, fexp, fmax
-from .gemm import gemm
+from .gemm import _F, _T, gemm
 from .serial import restore_threads, serial_below
 
 QB = 64
@@ -96,7 +96,7 @@ def _softmax_causal_bwd(P, dP, i0, i1):
 @njit(nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def _scores(q, k, P, i0, i1, scale):
     """Query block i0..i1-1's causal probabilities into P[i0:i1, 0:i1]."""
-    gemm(False, True, scale, q[i0:i1], k[0:i1], 0.0, P[i0:i1, 0:i1])
+    gemm(_F, _T, scale, q[i0:i1], k[0:i1], 0.0, P[i0:i1, 0:i1])
     _softmax_causal(P, i0, i1)
 
 
@@ -119,11 +119,11 @@ def _head_bwd(q, k, v, dq, dk, dv, dyh, P, G, T, hd, scale, qb, recompute):
                 for j in range(hd):
                     dk[i, j] = 0.0
                     dv[i, j] = 0.0
-        gemm(False, True, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
-        gemm(True, False, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
+        gemm(_F, _T, 1.0, dyh[i0:i1], v[0:i1], 0.0, Gb)
+        gemm(_T, _F, 1.0, Pb, dyh[i0:i1], beta, dv[0:i1])
         _softmax_causal_bwd(P, G, i0, i1)
-        gemm(False, False, scale, Gb, k[0:i1], 0.0, dq[i0:i1])
-        gemm(True, False, scale, Gb, q[i0:i1], beta, dk[0:i1])
+        gemm(_F, _F, scale, Gb, k[0:i1], 0.0, dq[i0:i1])
+        gemm(_T, _F, scale, Gb, q[i0:i1], beta, dk[0:i1])
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
@@ -147,7 +147,7 @@ def _fwd_heads(qkv, B, T, H, probs, pscratch, y, keep):
             for i0 in range(0, T, qb):
                 i1 = min(T, i0 + qb)
                 _scores(q, k, P, i0, i1, scale)
-                gemm(False, False, 1.0, P[i0:i1, 0:i1], v[0:i1], 0.0, yh[i0:i1])
+                gemm(_F, _F, 1.0, P[i0:i1, 0:i1], v[0:i1], 0.0, yh[i0:i1])
     restore_threads(prev)
 
 

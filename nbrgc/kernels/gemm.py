@@ -18,7 +18,7 @@ import llvmlite.binding as llb
 import numpy as np
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from .blas import choose as _choose_blas
 from .serial import GEMM_MACS, LIGHT, restore_threads, serial_below
@@ -50,21 +50,19 @@ def _data_ptr(typingctx, arr):
     return types.voidptr(arr), codegen
 
 
-def _blas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # pragma: no cover - typing stub
-    raise NotImplementedError
+# One compiled BLAS call per dtype: operands go as pointers and leading dimensions, so the many
+# layouts and literal flags gemm is called with (each its own specialization, about 0.3 s of compile
+# apiece) all share these two.
+@njit(nogil=True, cache=True)
+def _sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    _sgemm(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k), _addr_of(alpha), a,
+           _addr_of(lda), b, _addr_of(ldb), _addr_of(beta), c, _addr_of(ldc))
 
 
-@overload(_blas, nogil=True)
-def _blas_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    dt = c.dtype
-    fn = _sgemm if dt == types.float32 else _dgemm
-    np_dt = np.float32 if dt == types.float32 else np.float64
-
-    def impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-        fn(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k),
-           _addr_of(np_dt(alpha)), _data_ptr(a), _addr_of(lda), _data_ptr(b), _addr_of(ldb),
-           _addr_of(np_dt(beta)), _data_ptr(c), _addr_of(ldc))
-    return impl
+@njit(nogil=True, cache=True)
+def _dgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    _dgemm(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k), _addr_of(alpha), a,
+           _addr_of(lda), b, _addr_of(ldb), _addr_of(beta), c, _addr_of(ldc))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -80,9 +78,21 @@ def gemm(ta, tb, alpha, A, B, beta, C):
                 C[i, j] = beta * C[i, j] if beta != 0.0 else 0.0
         return
     isz = C.itemsize
-    _blas(np.uint8(84 if tb else 78), np.uint8(84 if ta else 78), _BI(N), _BI(M),
-          _BI(K), alpha, B, _BI(B.strides[0] // isz), A, _BI(A.strides[0] // isz),
-          beta, C, _BI(C.strides[0] // isz))
+    opa, opb = np.uint8(84 if tb else 78), np.uint8(84 if ta else 78)
+    lb, la, lc = _BI(B.strides[0] // isz), _BI(A.strides[0] // isz), _BI(C.strides[0] // isz)
+    if isz == 4:
+        _sgemm_call(opa, opb, _BI(N), _BI(M), _BI(K), np.float32(alpha), _data_ptr(B), lb,
+                    _data_ptr(A), la, np.float32(beta), _data_ptr(C), lc)
+    else:
+        _dgemm_call(opa, opb, _BI(N), _BI(M), _BI(K), np.float64(alpha), _data_ptr(B), lb,
+                    _data_ptr(A), la, np.float64(beta), _data_ptr(C), lc)
+
+
+# Constants passed as plain runtime values: Numba would compile _split_gemm (and the gemm calls in
+# it) once per literal combination, about 1 s of a cold start each; the branches they pick are as
+# cheap at run time, and the BLAS calls, hence the bits, are the same.
+_F, _T = np.bool_(False), np.bool_(True)
+_i = np.int64
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -117,21 +127,21 @@ def _split_gemm(ta, tb, A, B, C, beta, nt, split, min_block):
 @njit(nogil=True, cache=True, error_model="numpy")
 def matmul(A, B, C, beta, nt):
     """C = A @ B + beta C, rows of C split over ``nt`` threads."""
-    _split_gemm(False, False, A, B, C, beta, nt, 0, 16)
+    _split_gemm(_F, _F, A, B, C, beta, nt, _i(0), _i(16))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def matmul_nt(A, B, C, beta, nt, split=0):
     """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows (split 0) or columns (split 1) of C
     over threads (see nbrgc.kernels.gemm_plan for which the model uses)."""
-    _split_gemm(False, True, A, B, C, beta, nt, split, 16)
+    _split_gemm(_F, _T, A, B, C, beta, nt, _i(split), _i(16))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def matmul_tn(A, B, C, beta, nt, split=0):
     """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows (split 0) or columns (split 1) of C
     over threads."""
-    _split_gemm(True, False, A, B, C, beta, nt, split, 8 if split == 0 else 16)
+    _split_gemm(_T, _F, A, B, C, beta, nt, _i(split), _i(8 if split == 0 else 16))
 
 
 @njit(parallel=True, nogil=True, cache=True, error_model="numpy")
@@ -198,14 +208,14 @@ def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
             s = t * sw
             e = min(K, s + sw)
             if s < e:
-                gemm(True, False, 1.0, X[:, s:e], dY, 1.0, dW[s:e])
+                gemm(_T, _F, 1.0, X[:, s:e], dY, 1.0, dW[s:e])
             if t == 0:
                 _colsum_cols(dY, db, 0, M)
         else:
             s = (t - nw) * sx
             e = min(N, s + sx)
             if s < e:
-                gemm(False, True, 1.0, dY[s:e], W, dx_beta, dX[s:e])
+                gemm(_F, _T, 1.0, dY[s:e], W, dx_beta, dX[s:e])
     restore_threads(prev)
 
 

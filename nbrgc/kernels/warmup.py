@@ -67,12 +67,13 @@ class _Compiles:
 
 
 # On a machine's first run of a version, two helper processes compile the kernels into the cache (the
-# blocks' backward, about 40% of the work, in one; the rest in the other: Numba compiles in the
-# calling thread only), and this process then loads them all. Loading matters as much as the second
-# core: a kernel compiled in this process can round its reassociated reductions differently from the
-# same kernel loaded from the cache (docs/schemes.md), so a first run computing with freshly compiled
-# code would not repeat its own results on the second run.
-PARTS = ("blocks backward", "the rest")
+# blocks' backward and the update in one, about half the work; the rest in the other: Numba compiles
+# in the calling thread only), and this process then loads them all. Loading matters as much as the
+# second core: a kernel compiled in this process can round its reassociated reductions differently
+# from the same kernel loaded from the cache (docs/schemes.md), so a first run computing with freshly
+# compiled code would not repeat its own results on the second run.
+PARTS = ("backward and update", "the rest")
+_FIRST = ("blocks backward", "AdamW")  # PARTS[0]'s steps
 
 
 def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
@@ -215,9 +216,9 @@ def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=F
 
 
 def _child(dtype, attention, mode, part):
-    backward = part == "blocks backward"
-    for what, call in steps(np.dtype(dtype).type, attention, mode, skip_forward=backward):
-        if (what == "blocks backward") == backward:
+    first = part == PARTS[0]
+    for what, call in steps(np.dtype(dtype).type, attention, mode, skip_forward=first):
+        if (what in _FIRST) == first:
             call()
 
 
