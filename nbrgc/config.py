@@ -150,7 +150,7 @@ class TrainConfig:
     attention: str = "store"      # store | recompute (the attention probabilities for the backward)
     keep: int = 3
     ckpt_every: int = 0           # 0: only at eval points and at the end
-    consensus: str = "uniform"    # RGC decoder consensus: uniform | depth (stage k weighs k + 1)
+    consensus: str = "uniform"    # RGC decoder consensus: uniform | depth (stage k weighs k + 1) | last
     stage_init: str = "standard"  # RGC: standard | identity (stages after the first start as identity)
 
     def __post_init__(self):
@@ -216,7 +216,7 @@ class TrainConfig:
 
 
 ATTENTION = ("store", "recompute")
-CONSENSUS = ("uniform", "depth")
+CONSENSUS = ("uniform", "depth", "last")
 STAGE_INIT = ("standard", "identity")
 
 

@@ -6,12 +6,15 @@ gradient crosses a stage boundary); it learns only from its own loss L_k = CE(he
 read out through the ONE decoder all stages share. Each stage's gradient of that decoder is posted
 into the RGC buffer; the decoder is updated with their average once all K have posted.
 
-Two variants aim at what locality costs, and keep what RGC is for (no gradient across a boundary,
+Three variants aim at what locality costs, and keep what RGC is for (no gradient across a boundary,
 stages asynchronous, no extra memory):
 
 * ``consensus="depth"``: the average weighs stage k by k + 1. What is evaluated is the last stage's
   readout, so the decoder leans towards the deeper stages' features instead of serving the
   shallowest as much as the deepest.
+* ``consensus="last"``: the decoder learns from the last stage alone, as BP's does; the earlier
+  stages still read out through it and learn from their own loss, but no longer pull the one
+  readout towards the features of a shallower network.
 * ``stage_init="identity"``: every block of stages 1..K-1 starts with zero residual output
   projections (attention output and MLP down, weights and biases), so a later stage starts as the
   identity of its input: its loss starts at the previous stage's and it can only add to it, instead
@@ -43,8 +46,10 @@ def stage_param_ranges(layout, stages):
 
 
 def consensus_weights(tc_or_name, n_stages=None):
-    """The RGC average's weight of each stage: ``uniform`` (None: a plain mean) or ``depth`` (stage k
-    weighs k + 1, normalised to sum to 1). Takes a TrainConfig or a consensus name and a stage count."""
+    """The RGC average's weight of each stage: ``uniform`` (None: a plain mean), ``depth`` (stage k
+    weighs k + 1, normalised to sum to 1) or ``last`` (1 for the last stage, 0 for the others: the
+    weighted sum is then the last stage's gradient, bit for bit). Takes a TrainConfig or a consensus
+    name and a stage count."""
     name = getattr(tc_or_name, "consensus", tc_or_name)
     K = getattr(tc_or_name, "n_stages", n_stages) if n_stages is None else n_stages
     if name == "uniform":
@@ -52,7 +57,11 @@ def consensus_weights(tc_or_name, n_stages=None):
     if name == "depth":
         w = np.arange(1, K + 1, dtype=np.float64)
         return w / w.sum()
-    raise ConfigError(f"consensus must be uniform or depth, got {name!r}")
+    if name == "last":
+        w = np.zeros(K, np.float64)
+        w[-1] = 1.0
+        return w
+    raise ConfigError(f"consensus must be uniform, depth or last, got {name!r}")
 
 
 def identity_init(model, stages):

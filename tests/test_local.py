@@ -287,3 +287,36 @@ def test_stage_sumsq():
     G = np.arange(10, dtype=np.float64)
     gdec = np.array([1.0, 2.0], np.float32)
     assert stage_sumsq(G, 2, 5, gdec) == 4 + 9 + 16 + 1 + 4
+
+
+# ------------------------------------------------------------------------------------------ consensus
+
+@pytest.mark.parametrize("consensus", ["depth", "last"])
+def test_weighted_consensus_is_the_weighted_sum_of_the_stage_decoder_gradients(consensus):
+    """The decoder gets sum_k w_k dL_k/d(decoder) (finite differences of that weighted loss); the
+    blocks' gradients do not depend on the consensus; ``last`` is stage K-1's gradient exactly."""
+    model = _model(4, 3)
+    x = (np.arange(12, dtype=np.int32).reshape(2, 6) * 7) % 24
+    y = (x + 5) % 24
+    stages = split_stages(4, 4)
+    w = nbrgc.local.consensus_weights(consensus, 4)
+    nbrgc.local_loss_and_grad(model, x, y, n_stages=4)
+    uniform = model.grad_flat.copy()
+    nbrgc.local_loss_and_grad(model, x, y, n_stages=4, consensus=consensus)
+    lo, hi = model.layout.decoder_range
+    assert np.array_equal(model.grad_flat[:lo], uniform[:lo])
+    i = lo + 3  # a decoder weight
+    d = np.zeros_like(model.flat)
+    d[i] = 1.0
+    num = central_diff(lambda flat: float(np.dot(w, stage_losses(model, x, y, stages))), [model.flat], [d])
+    assert abs(model.grad_flat[i] - num) < 1e-7 * max(1.0, abs(num))
+    if consensus == "last":
+        model.grad_flat[...] = 0.0
+        ws = model.workspace(2, 6)
+        h = model.forward_blocks(model.embed(x, ws), 0, 4, ws)
+        gdec = np.zeros(hi - lo)
+        model.decoder_loss_and_grad(h, y, ws, gdec=gdec)
+        nbrgc.local_loss_and_grad(model, x, y, n_stages=4, consensus="last")
+        assert np.array_equal(model.grad_flat[lo:hi], gdec)
+    with pytest.raises(ConfigError, match="uniform, depth or last"):
+        nbrgc.local.consensus_weights("median", 4)

@@ -58,8 +58,8 @@ def build_parser():
     g.add_argument("--max-staleness", type=int, default=D["max_staleness"],
                    help="rgc-async: steps a stage may run ahead")
     g.add_argument("--consensus", choices=CONSENSUS, default=D["consensus"],
-                   help="rgc: how the stages' decoder gradients combine: uniform average, or depth "
-                        "(stage k weighted (k+1)/sum)")
+                   help="rgc: how the stages' decoder gradients combine: uniform average, depth "
+                        "(stage k weighted (k+1)/sum), or last (the last stage's alone)")
     g.add_argument("--stage-init", choices=STAGE_INIT, default=D["stage_init"],
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
                         "zero, so each later stage starts as the identity of its input")
