@@ -127,51 +127,51 @@ def replay(hook):
         _hook = old
 
 
+# The attention forward and backward of each ``attention`` handling ("store" keeps ``probs``;
+# "recompute" keeps none and uses only the scratch). Functions, not a branch in the block body: Numba
+# types a body once before ``literally`` makes ``attention`` a literal, and that first pass would
+# compile the kernels of both branches; the overloads below resolve on the literal and compile only
+# the one a run uses. Run as Python (replay), the same functions are looked up by name.
+def _fwd_store(attention, qkv, B, T, H, probs, probs_scratch, y):
+    run("attention fwd", qkv, B, T, H, probs, y)
+
+
+def _fwd_recompute(attention, qkv, B, T, H, probs, probs_scratch, y):
+    run("attention fwd (keeps no probabilities)", qkv, B, T, H, probs_scratch, y)
+
+
+def _bwd_store(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+    run("attention bwd", dy, qkv, B, T, H, probs, dprobs, dqkv)
+
+
+def _bwd_recompute(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+    run("attention bwd (recomputes probabilities)", dy, qkv, B, T, H, probs_scratch, dprobs, dqkv)
+
+
+_ATTEND_FWD = {"store": _fwd_store, "recompute": _fwd_recompute}
+_ATTEND_BWD = {"store": _bwd_store, "recompute": _bwd_recompute}
+
+
 def attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
-    """The attention forward of ``attention`` ("store" keeps ``probs``; "recompute" uses only the
-    scratch). A function, not a branch in the block body: Numba types a body once before
-    ``literally`` makes ``attention`` a literal, and that first pass would compile the kernels of
-    both branches; an overload resolved on the literal compiles only the one a run uses."""
-    if attention == "store":
-        run("attention fwd", qkv, B, T, H, probs, y)
-    else:
-        run("attention fwd (keeps no probabilities)", qkv, B, T, H, probs_scratch, y)
+    _ATTEND_FWD[attention](attention, qkv, B, T, H, probs, probs_scratch, y)
 
 
 def attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-    """The attention backward matching :func:`attend_fwd`."""
-    if attention == "store":
-        run("attention bwd", dy, qkv, B, T, H, probs, dprobs, dqkv)
-    else:
-        run("attention bwd (recomputes probabilities)", dy, qkv, B, T, H, probs_scratch, dprobs,
-            dqkv)
+    _ATTEND_BWD[attention](attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv)
 
 
 @overload(attend_fwd)
 def _attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
-    if not isinstance(attention, types.StringLiteral):
-        return None
-    if attention.literal_value == "store":
-        def impl(attention, qkv, B, T, H, probs, probs_scratch, y):
-            run("attention fwd", qkv, B, T, H, probs, y)
-    else:
-        def impl(attention, qkv, B, T, H, probs, probs_scratch, y):
-            run("attention fwd (keeps no probabilities)", qkv, B, T, H, probs_scratch, y)
-    return impl
+    if isinstance(attention, types.StringLiteral):
+        return _ATTEND_FWD[attention.literal_value]
+    return None
 
 
 @overload(attend_bwd)
 def _attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-    if not isinstance(attention, types.StringLiteral):
-        return None
-    if attention.literal_value == "store":
-        def impl(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-            run("attention bwd", dy, qkv, B, T, H, probs, dprobs, dqkv)
-    else:
-        def impl(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-            run("attention bwd (recomputes probabilities)", dy, qkv, B, T, H, probs_scratch,
-                dprobs, dqkv)
-    return impl
+    if isinstance(attention, types.StringLiteral):
+        return _ATTEND_BWD[attention.literal_value]
+    return None
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
