@@ -18,9 +18,10 @@ import llvmlite.binding as llb
 import numpy as np
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .blas import choose as _choose_blas
+from .fastmath import cast_like
 from .serial import GEMM_MACS, LIGHT, restore_threads, serial_below
 
 _BLAS = _choose_blas()
@@ -50,19 +51,20 @@ def _data_ptr(typingctx, arr):
     return types.voidptr(arr), codegen
 
 
-# One compiled BLAS call per dtype: operands go as pointers and leading dimensions, so the many
-# layouts and literal flags gemm is called with (each its own specialization, about 0.3 s of compile
-# apiece) all share these two.
-@njit(nogil=True, cache=True)
-def _sgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    _sgemm(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k), _addr_of(alpha), a,
-           _addr_of(lda), b, _addr_of(ldb), _addr_of(beta), c, _addr_of(ldc))
+def _blas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # pragma: no cover - typing stub
+    raise NotImplementedError
 
 
-@njit(nogil=True, cache=True)
-def _dgemm_call(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
-    _dgemm(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k), _addr_of(alpha), a,
+# Operands go as pointers and leading dimensions, so the many layouts and flags gemm is called with
+# (each its own specialization, about 0.3 s of compile apiece) share one BLAS call per dtype.
+@overload(_blas, nogil=True)
+def _blas_impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    fn = _sgemm if alpha == types.float32 else _dgemm
+
+    def impl(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        fn(_addr_of(ta), _addr_of(tb), _addr_of(m), _addr_of(n), _addr_of(k), _addr_of(alpha), a,
            _addr_of(lda), b, _addr_of(ldb), _addr_of(beta), c, _addr_of(ldc))
+    return impl
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -78,14 +80,9 @@ def gemm(ta, tb, alpha, A, B, beta, C):
                 C[i, j] = beta * C[i, j] if beta != 0.0 else 0.0
         return
     isz = C.itemsize
-    opa, opb = np.uint8(84 if tb else 78), np.uint8(84 if ta else 78)
-    lb, la, lc = _BI(B.strides[0] // isz), _BI(A.strides[0] // isz), _BI(C.strides[0] // isz)
-    if isz == 4:
-        _sgemm_call(opa, opb, _BI(N), _BI(M), _BI(K), np.float32(alpha), _data_ptr(B), lb,
-                    _data_ptr(A), la, np.float32(beta), _data_ptr(C), lc)
-    else:
-        _dgemm_call(opa, opb, _BI(N), _BI(M), _BI(K), np.float64(alpha), _data_ptr(B), lb,
-                    _data_ptr(A), la, np.float64(beta), _data_ptr(C), lc)
+    _blas(np.uint8(84 if tb else 78), np.uint8(84 if ta else 78), _BI(N), _BI(M), _BI(K),
+          cast_like(alpha, C), _data_ptr(B), _BI(B.strides[0] // isz), _data_ptr(A),
+          _BI(A.strides[0] // isz), cast_like(beta, C), _data_ptr(C), _BI(C.strides[0] // isz))
 
 
 # Constants passed as plain runtime values: Numba would compile _split_gemm (and the gemm calls in
