@@ -2,8 +2,9 @@
 cadence (every steps/5), side by side in interleaved rounds, each run a fresh process.
 
 Unlike nbrgc-bench (timed steps between warm-up and the end, no evaluation), this includes what a
-run pays at its evaluations and checkpoints: the pauses of rgc-async's pipeline. The ratio is of the
-trainer's own tokens/s (training time: steps and pauses, evaluation excluded) and of the wall time.
+run pays at its evaluations and checkpoints (rgc-async's freeze its pipeline instead of emptying
+it: nbrgc.boundary). The ratio is of the trainer's own tokens/s (training time: steps and pauses,
+evaluation excluded) and of the wall time.
 
     python benchmarks/cadence_speed.py --config small --steps 150 --rounds 3 --out benchmarks/small-cadence
 """
@@ -28,6 +29,7 @@ def one_run(config, mode, steps, threads, out):
     recs = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     s = [r for r in recs if r.get("summary")][-1]
     return {"tokens_per_s": s["tokens_per_s"], "wall_s": s["wall_s"], "val_bpb": s["val_bpb"],
+            "peak_rss_mib": s.get("peak_rss_mib"),
             "evals": sum(1 for r in recs if "val_bpb" in r and not r.get("summary")),
             "stage_busy": s.get("stage_busy_frac"), "stage_wait_s": s.get("stage_wait_s")}
 
@@ -62,12 +64,14 @@ def main():
         json.dump(out, f, indent=1)
     lines = [f"## rgc-async vs BP with the default evaluation cadence: {a.config}, {a.steps} steps, "
              f"{a.threads} threads, {a.rounds} interleaved rounds", "",
-             "| round | BP tokens/s | rgc-async tokens/s | ratio | BP wall s | rgc-async wall s | evaluations |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| round | BP tokens/s | rgc-async tokens/s | ratio | BP wall s | rgc-async wall s | evaluations "
+             "| peak RSS MiB (BP / rgc-async) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for i, r in enumerate(rounds):
         lines.append(f"| {i + 1} | {r['bp']['tokens_per_s']:,.0f} | {r['rgc-async']['tokens_per_s']:,.0f} | "
                      f"{r['ratio_tokens_per_s']:.3f} | {r['bp']['wall_s']:.1f} | {r['rgc-async']['wall_s']:.1f} | "
-                     f"{r['bp']['evals']} / {r['rgc-async']['evals']} |")
+                     f"{r['bp']['evals']} / {r['rgc-async']['evals']} | "
+                     f"{r['bp']['peak_rss_mib']:,.0f} / {r['rgc-async']['peak_rss_mib']:,.0f} |")
     lines += ["", f"median ratio (training tokens/s) {med:.3f}, wall {out['median_ratio_wall']:.3f}.",
               f"Command: `{out['command']}`", ""]
     with open(a.out + ".md", "w") as f:

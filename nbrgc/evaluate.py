@@ -13,24 +13,30 @@ import numpy as np
 LN2 = math.log(2.0)
 
 
-def stage_losses(model, x, y, stages, ws):
-    """Mean loss (nats) at the output of every stage for one batch."""
+def stage_losses(model, x, y, stages, ws, params=None):
+    """Mean loss (nats) at the output of every stage for one batch; ``params``: a flat parameter
+    buffer to read instead of the model's (a snapshot of a running pipeline)."""
     x, y = model.check_batch(x, y)
-    h = model.embed(x, ws)
+    h = model.embed(x, ws, params)
+    pdec = None
+    if params is not None:
+        lo, hi = model.layout.decoder_range
+        pdec = params[lo:hi]
     out = []
     for lo, hi in stages:
-        h = model.forward_blocks(h, lo, hi, ws)  # copies h into the reused workspace's input
-        out.append(float(model.decoder_loss(h, y, ws)))
+        h = model.forward_blocks(h, lo, hi, ws, params)  # copies h into the reused workspace's input
+        out.append(float(model.decoder_loss(h, y, ws, pdec)))
     return out
 
 
-def evaluate(model, batches, stages, ws):
-    """{'val_loss', 'val_bpb', 'val_stage_bpb'} averaged over ``batches`` (a list of (x, y))."""
+def evaluate(model, batches, stages, ws, params=None):
+    """{'val_loss', 'val_bpb', 'val_stage_bpb'} averaged over ``batches`` (a list of (x, y)),
+    of the model's parameters or of the flat buffer ``params``."""
     if not batches:
         return {}
     tot = np.zeros(len(stages))
     for x, y in batches:
-        tot += stage_losses(model, x, y, stages, ws)
+        tot += stage_losses(model, x, y, stages, ws, params)
     tot /= len(batches)
     return {"val_loss": float(tot[-1]), "val_bpb": float(tot[-1] / LN2),
             "val_stage_bpb": [float(v / LN2) for v in tot]}

@@ -53,7 +53,7 @@ def estimate(cfg, tc, B, T, nt):
         if tc.mode == "rgc-async":
             out["ring"] = max(K - 1, 1) * (S + 1) * B * T * cfg.d_model * item
             out["decoder_versions"] = (S + 2) * dec * item
-            if tc.ckpt_every:  # checkpoints between evaluations are copied first (nbrgc.boundary)
+            if tc.ckpt_every or tc.eval_every:  # evaluations and checkpoints read a copy (nbrgc.boundary)
                 out["checkpoint_snapshot"] = 3 * P * item + (S + 2) * dec * item
     out["total"] = int(sum(out.values()))
     return out

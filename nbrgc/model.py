@@ -223,21 +223,24 @@ class Model:
         return x, y
 
     # ----------------------------------------------------------------- pieces
-    def embed(self, x, ws):
-        """Token + position embedding of ``x`` into ``ws.resid[0]``."""
+    def embed(self, x, ws, flat=None):
+        """Token + position embedding of ``x`` into ``ws.resid[0]`` (``flat``: read the parameters
+        from another copy of the flat buffer, e.g. a snapshot)."""
+        p = self.params if flat is None else self.layout.views(flat)
         ws.tokens[...] = x
-        embedding_fwd(ws.tokens, self.params["wte"], self.params["wpe"], ws.resid[0])
+        embedding_fwd(ws.tokens, p["wte"], p["wpe"], ws.resid[0])
         return ws.resid[0]
 
     def embed_backward(self, ws, dh, grad_flat=None):
         g = self.grads if grad_flat is None else self.layout.views(grad_flat)
         embedding_bwd(ws.tokens, dh, g["wte"], g["wpe"], _threads())
 
-    def forward_blocks(self, h_in, lo, hi, ws):
-        """Run blocks lo..hi-1 on ``h_in`` (B*T, d), saving activations in ``ws``; returns the output."""
+    def forward_blocks(self, h_in, lo, hi, ws, flat=None):
+        """Run blocks lo..hi-1 on ``h_in`` (B*T, d), saving activations in ``ws``; returns the output
+        (``flat`` as in :meth:`embed`)."""
         if h_in is not ws.resid[0]:
             ws.resid[0][...] = h_in
-        BLOCKS_FWD[ws.attention](self.flat, self.layout.block_offs, lo, hi, ws.B, ws.T,
+        BLOCKS_FWD[ws.attention](self.flat if flat is None else flat, self.layout.block_offs, lo, hi, ws.B, ws.T,
                                  self.cfg.n_head, ws.acts, ws.scratch, _threads())
         return ws.resid[hi - lo]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from . import checkpoint as ckpt
 from .atomic import write_json
-from .boundary import BackgroundCheckpoints
+from .boundary import BackgroundBoundaries
 from .clock import TrainingClock
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
@@ -262,11 +262,11 @@ class Trainer:
 
     def _train(self, r, handlers):
         """Submit steps until the last one or a stop; pause the scheme at every evaluation, checkpoint
-        or stop point, except that where the scheme can snapshot (rgc-async) a checkpoint between
-        evaluations is written from a snapshot beside the steps (nbrgc.boundary). Returns the results
-        of steps still in flight when the loop ended."""
+        or stop point, except that where the scheme can snapshot (rgc-async) evaluations and
+        checkpoints before the end read a copy of their boundary while the pipeline stays full
+        (nbrgc.boundary). Returns the results of steps still in flight when the loop ended."""
         tc, scheme = self.tc, r.scheme
-        boundaries = BackgroundCheckpoints(self, r) if self.out is not None and scheme.can_snapshot() else None
+        boundaries = BackgroundBoundaries(self, r) if scheme.can_snapshot() else None
         try:
             while r.step < tc.steps and not self._stop.is_set():
                 x, y = r.batches.next()
@@ -282,15 +282,22 @@ class Trainer:
                 # decided once, before the results are reported: a stop requested while reporting
                 # (a signal, a callback) must not save a pipeline that has not been drained
                 pause = self._is_pause(r.step, time_up)
-                if pause and boundaries is not None and not (self._is_eval(r.step) or time_up
-                                                             or self._stop.is_set()):
-                    boundaries.start(r.step)  # checkpoint a snapshot beside the steps
-                    pause = False
                 if boundaries is not None:
-                    boundaries.check()
+                    # before any evaluation it finishes, which reports the records up to its boundary
+                    self._log_steps(r, results, time.perf_counter())
+                    results = []
+                    boundaries.poll()
+                    if pause:
+                        boundaries.finish_eval()  # the previous one first: its records may ask to stop
+                        if not (r.step == tc.steps or time_up or self._stop.is_set()):
+                            if self._is_eval(r.step):
+                                boundaries.evaluate(r.step)
+                            elif self.out is not None:
+                                boundaries.checkpoint(r.step)
+                            pause = False
+                        else:
+                            boundaries.join()
                 if pause:
-                    if boundaries is not None:
-                        boundaries.join()
                     results += scheme.drain()
                 now = time.perf_counter()
                 self._log_steps(r, results, now)
@@ -302,6 +309,15 @@ class Trainer:
                     r.clock.restart()
                     if time_up:
                         break
+            if boundaries is not None and boundaries.pending is not None:  # a stop between boundaries
+                if boundaries.pending[0] < r.step:
+                    boundaries.finish_eval()
+                else:  # asked for at this boundary, whose copy needs step r.step: evaluate it paused
+                    boundaries.discard()
+                    self._log_steps(r, scheme.drain(), time.perf_counter())
+                    r.clock.pause(r.step, time.perf_counter())
+                    r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
+                    r.clock.restart()
         except KeyboardInterrupt:
             self.request_stop("interrupted")
         except BaseException:
@@ -310,6 +326,7 @@ class Trainer:
         finally:
             try:
                 if boundaries is not None:
+                    boundaries.discard()
                     boundaries.join()
                 results = scheme.drain()
             except BaseException:
@@ -379,8 +396,8 @@ class Trainer:
             summary["stage_wait_s"] = prof["wait_s"]
         return summary
 
-    def _evaluate(self, model, held_out, stages, ws, step, t_start):
-        res = evaluate(model, held_out, stages, ws)
+    def _evaluate(self, model, held_out, stages, ws, step, t_start, params=None):
+        res = evaluate(model, held_out, stages, ws, params)
         if not res:
             return None
         if not all(math.isfinite(v) for v in res["val_stage_bpb"]):

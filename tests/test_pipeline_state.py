@@ -152,8 +152,9 @@ def test_checkpoint_holds_the_decoder_versions(data, tmp_path):
 
 @pytest.mark.parametrize("S", [0, 1, 2])
 def test_snapshot_checkpoints_equal_paused_ones(data, tmp_path, monkeypatch, S):
-    """A checkpoint between evaluations, written from a snapshot while the stages run on, is the
-    file a run that pauses the pipeline there writes, bit for bit, and the run goes on the same."""
+    """Checkpoints and evaluations before the end, read from a snapshot while the stages run on
+    (an evaluation with the workers frozen), are the files and the validation losses of a run that
+    pauses the pipeline there, bit for bit, and the run goes on the same."""
     from nbrgc.schemes.rgc_async import RGCAsync
     kw = dict(max_staleness=S, eval_every=6, ckpt_every=5, keep=100, stage_workers=2)
     snap_dir, pause_dir = str(tmp_path / "snap"), str(tmp_path / "pause")
@@ -161,7 +162,7 @@ def test_snapshot_checkpoints_equal_paused_ones(data, tmp_path, monkeypatch, S):
     real = RGCAsync.snapshot
     monkeypatch.setattr(RGCAsync, "snapshot", lambda self, step: taken.append(step) or real(self, step))
     snap, _ = run(data, out=snap_dir, **kw)
-    assert taken == [5, 10, 15, 20, 25, 35]  # the checkpoints no evaluation pauses for
+    assert taken == sorted(set(range(5, STEPS, 5)) | set(range(6, STEPS, 6)))  # all but the end
     monkeypatch.setattr(RGCAsync, "can_snapshot", lambda self: False)
     paused, _ = run(data, out=pause_dir, **kw)
     assert snap.losses() == paused.losses()
@@ -176,6 +177,35 @@ def test_snapshot_checkpoints_equal_paused_ones(data, tmp_path, monkeypatch, S):
         assert ma == mb, (S, step)
     vals = [[(r.get("step"), r["val_bpb"]) for r in x.records if "val_bpb" in r] for x in (snap, paused)]
     assert vals[0] == vals[1]
+
+
+@pytest.mark.parametrize("S,W", [(0, 4), (1, 2), (2, 1)])
+def test_evaluations_of_a_frozen_pipeline_equal_paused_ones(data, monkeypatch, S, W):
+    """Without a run folder too, every evaluation before the end freezes the workers instead of
+    draining them, and gives the paused run's validation losses, every stage's, bit for bit."""
+    from nbrgc.schemes.rgc_async import RGCAsync
+    kw = dict(max_staleness=S, eval_every=3, stage_workers=W)
+    frozen_at, drains = [], []
+    real_freeze, real_drain = RGCAsync.freeze, RGCAsync.drain
+    monkeypatch.setattr(RGCAsync, "freeze", lambda self: frozen_at.append(self.submitted) or real_freeze(self))
+    monkeypatch.setattr(RGCAsync, "drain", lambda self: drains.append(self.submitted) or real_drain(self))
+    frozen, frozen_params = run(data, **kw)
+    evals = list(range(3, STEPS, 3))
+    assert len(frozen_at) == len(evals) and all(f > e for f, e in zip(frozen_at, evals))
+    assert all(d == STEPS for d in drains)  # only the end drains
+    monkeypatch.setattr(RGCAsync, "can_snapshot", lambda self: False)
+    paused, paused_params = run(data, **kw)
+    assert frozen.losses() == paused.losses()
+    assert np.array_equal(frozen_params, paused_params)
+    vals = [[(r["step"], r["val_bpb"], r["val_stage_bpb"]) for r in x.records
+             if "val_bpb" in r and not r.get("summary")] for x in (frozen, paused)]
+    assert [v[0] for v in vals[0]] == evals + [STEPS]
+    assert vals[0] == vals[1]
+    # the records keep their order: train steps ascending, each evaluation after its step's record
+    order = [(r["step"], "loss" in r) for r in frozen.records if not r.get("summary")]
+    trained = [s for s, is_train in order if is_train]
+    assert trained == sorted(trained)
+    assert all(order.index((s, True)) < order.index((s, False)) for s, is_train in order if not is_train)
 
 
 def test_a_stage_failing_under_a_pending_snapshot_stops_the_run_without_its_checkpoint(data, tmp_path):

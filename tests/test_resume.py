@@ -2,8 +2,11 @@
 the same validation bpb and ends with the same parameters as the uninterrupted run.
 
 The interrupted run uses the same TrainConfig (the lr schedule depends on ``steps``) and is stopped
-deterministically with ``Trainer.request_stop()`` called from its own JSON stream at the evaluation of
-step K. All three modes are bitwise deterministic, rgc-async included (its checkpoints carry the
+with ``Trainer.request_stop()`` called from its own JSON stream at the evaluation of step K. A stop
+takes effect at the next step boundary the trainer reaches: K itself for bp and rgc-sync, which pause
+to evaluate; a few steps later for rgc-async, which evaluates a copy of boundary K while the trainer
+goes on submitting steps (nbrgc.boundary), so where it stops depends on timing and the test checks
+the resume from wherever that is. All three modes are bitwise deterministic, rgc-async included (its checkpoints carry the
 pipeline state; tests/test_pipeline_state.py stops and resumes it anywhere): every step of every stage reads a fixed decoder
 version, rounds close in order and each round averages its K slots in a fixed order; thread timing
 only changes *when* work happens, never what is computed. The stage thread groups are fixed here
@@ -30,7 +33,7 @@ from nbrgc.trainer import Trainer
 from jsonlines import JsonLines
 
 REPO = Path(__file__).resolve().parents[1]
-N, K, EVERY = 12, 8, 4
+N, K, EVERY = 24, 8, 4
 
 
 def StopStream(stop_at=None):
@@ -73,22 +76,27 @@ def test_resume_is_exact(tmp_path, data, mode):
     assert s_full["steps"] == N and s_full["stopped"] is None
 
     part, s_part, _ = _run(data, mode, tmp_path / "split", stop_at=K)
-    assert s_part["steps"] == K and s_part["stopped"] == "test stop"
-    assert os.path.basename(s_part["checkpoint"]) == f"ckpt-{K:09d}.nbrgc"
-    assert sorted(_train_lines(part)) == list(range(1, K + 1))
+    stop = s_part["steps"]
+    # rgc-async's trainer is at most a pipeline's depth (a few steps here) past the boundary it
+    # evaluates, far from N
+    assert (stop == K if mode != "rgc-async" else K <= stop < N - EVERY), stop
+    assert s_part["stopped"] == "test stop"
+    assert os.path.basename(s_part["checkpoint"]) == f"ckpt-{stop:09d}.nbrgc"
+    assert sorted(_train_lines(part)) == list(range(1, stop + 1))
 
     rest, s_rest, p_rest = _run(data, mode, tmp_path / "split", resume=True)
-    assert s_rest["steps"] == N and s_rest["tokens"] == (N - K) * 4 * 16
+    assert s_rest["steps"] == N and s_rest["tokens"] == (N - stop) * 4 * 16
     a, b = _train_lines(full), _train_lines(rest)
-    assert sorted(b) == list(range(K + 1, N + 1))
-    for step in range(1, K + 1):  # the interrupted part repeats the uninterrupted run
+    assert sorted(b) == list(range(stop + 1, N + 1))
+    for step in range(1, stop + 1):  # the interrupted part repeats the uninterrupted run
         assert _train_lines(part)[step]["loss"] == a[step]["loss"], (mode, step)
+    assert _eval_lines(part) == {s: v for s, v in _eval_lines(full).items() if s <= stop}
     for step in b:
         for key in ("loss", "grad_norm", "lr"):
             assert b[step][key] == a[step][key], (mode, step, key, b[step][key], a[step][key])
         if mode != "bp":
             assert b[step]["stage_bpb"] == a[step]["stage_bpb"]
-    assert _eval_lines(rest) == {s: v for s, v in _eval_lines(full).items() if s > K}
+    assert _eval_lines(rest) == {s: v for s, v in _eval_lines(full).items() if s > stop}
     assert s_rest["val_bpb"] == s_full["val_bpb"]
     np.testing.assert_array_equal(p_rest, p_full)
     # the final checkpoints hold the same state (parameters and optimizer moments)

@@ -96,6 +96,11 @@ class RGCAsync(SchemeBase):
         self.stage_wait_s = [0.0] * self.K
         self._snap = None            # the Snapshot being filled or read, if any
         self._snap_buf = None
+        # freeze (an evaluation beside a full pipeline): per worker, where it is while frozen may
+        # be checked: None (computing), "parked" (before a stage step), "input" (stage 0 waiting
+        # for a micro-batch), or (pred, holds_ws) while waiting in _wait for pred
+        self.freezing = False
+        self._where = [None] * self.W
 
     def optimizers(self):
         return self.opts + [self.opt_dec]
@@ -172,6 +177,8 @@ class RGCAsync(SchemeBase):
         self.stop, self.error = False, None
         self.stage_step_s = [0.0] * self.K
         self.stage_wait_s = [0.0] * self.K
+        self.freezing = False
+        self._where = [None] * self.W
         self._inq = queue.Queue(maxsize=self.S + 1)
         self._threads = [threading.Thread(target=self._worker, args=(w,), daemon=True,
                                           name="nbrgc-stage-" + "+".join(map(str, self.worker_stages(w))))
@@ -201,24 +208,32 @@ class RGCAsync(SchemeBase):
                 out.append(self.results.get_nowait())
             except queue.Empty:
                 break
+        if out:
+            self.next_result = out[-1].step + 1  # rounds close in order
+        self._raise_if_failed()
+        return out
+
+    def results_through(self, step):
+        """The results not yet returned, up to that of step ``step - 1`` (waiting for it, which
+        needs only submitted steps): an evaluation of boundary ``step`` is reported after them."""
+        out = []
+        while self.next_result < step:
+            self._raise_if_failed()
+            try:
+                res = self.results.get(timeout=_WAIT)
+            except queue.Empty:
+                if not self._threads:
+                    break
+                continue
+            out.append(res)
+            self.next_result = res.step + 1
         self._raise_if_failed()
         return out
 
     def drain(self):
         """Wait for every submitted step and publish the newest decoder to the model. The workers stay:
         each waits for its next input, so the pipeline resumes where it paused."""
-        out = []
-        while self.next_result < self.submitted:
-            self._raise_if_failed()
-            try:
-                res = self.results.get(timeout=_WAIT)
-            except queue.Empty:
-                if not self._threads:  # workers already stopped by a failure: nothing more finishes
-                    break
-                continue
-            out.append(res)
-            self.next_result = res.step + 1
-        self._raise_if_failed()
+        out = self.results_through(self.submitted)
         if self._threads and self.next_result == self.submitted:
             self.versions_at = self.version
             self.model.flat[self.dec_lo:self.dec_hi] = self.versions[self.version % (self.S + 2)]
@@ -238,6 +253,63 @@ class RGCAsync(SchemeBase):
         if self._snap_buf is None:
             self._snap_buf = Snapshot(self)
         return self._snap_buf.request(step)
+
+    def freeze(self):
+        """Hold every worker where it computes nothing (before a stage step, or waiting on an
+        earlier step) and return a workspace no worker is using, for an evaluation on the whole
+        thread budget while the pipeline stays full. The workers' next steps are the ones they
+        would have run anyway, so the trajectory is unchanged; :meth:`unfreeze` lets them go on.
+
+        A free workspace exists once all are held: the worker of the earliest unfinished
+        (step, stage) waits on nothing earlier, so it is held before that step, not inside it."""
+        with self.cond:
+            self.freezing = True
+            self.cond.notify_all()
+            while True:
+                if self.stop or not self._threads:
+                    self.freezing = False
+                    break
+                ws = self._held_workspace()
+                if ws is not None:
+                    return ws
+                self.cond.wait(_WAIT)
+        self._raise_if_failed()
+        raise NbrgcError("rgc-async: the workers stopped while the pipeline was being frozen")
+
+    def unfreeze(self):
+        with self.cond:
+            self.freezing = False
+            self.cond.notify_all()
+
+    def _held_workspace(self):
+        """Under ``self.cond``: a free worker's workspace once every worker is held, else None."""
+        free = None
+        for w, where in enumerate(self._where):
+            if where is None:
+                return None  # computing
+            if isinstance(where, tuple):
+                pred, holds_ws = where
+                if pred():
+                    return None  # about to go on
+                if holds_ws:
+                    continue
+            if free is None:
+                free = w
+        if free is None:  # pragma: no cover - excluded by the argument in freeze's docstring
+            raise NbrgcError("rgc-async: every worker holds its workspace while frozen")
+        return self._buffers["ws"][free]
+
+    def _park(self, w):
+        """Where a worker may be held by :meth:`freeze`: before a stage step."""
+        with self.cond:
+            if self.freezing:
+                self._where[w] = "parked"
+                self.cond.notify_all()
+                while self.freezing:
+                    if self.stop:
+                        raise _Stopped
+                    self.cond.wait(_WAIT)
+            self._where[w] = None
 
     def close(self):
         self._shutdown()
@@ -267,14 +339,22 @@ class RGCAsync(SchemeBase):
             self._shutdown()
             raise StageError(k, exc) from exc
 
-    def _wait(self, pred, k):
+    def _wait(self, pred, k, holds_ws=True):
+        """Wait for ``pred`` (on an earlier step). ``holds_ws``: whether the worker's workspace is
+        in use meanwhile (a :meth:`freeze` may lend it out only if not)."""
         t0 = time.perf_counter()
+        w = self.worker_of(k)
         try:
             with self.cond:
-                while not pred():
-                    if self.stop:
-                        raise _Stopped
-                    self.cond.wait(_WAIT)
+                if not pred():
+                    self._where[w] = (pred, holds_ws)
+                    if self.freezing:
+                        self.cond.notify_all()
+                    while not pred():
+                        if self.stop:
+                            raise _Stopped
+                        self.cond.wait(_WAIT)
+                    self._where[w] = None
                 if self.stop:
                     raise _Stopped
         finally:
@@ -296,6 +376,7 @@ class RGCAsync(SchemeBase):
             t = self.started_at
             while True:
                 for k in mine:
+                    self._park(w)
                     t0 = time.perf_counter()
                     try:
                         self._stage_step(k, t)
@@ -320,6 +401,11 @@ class RGCAsync(SchemeBase):
         # 1. input: a micro-batch (stage 0) or the previous stage's activations for step t
         if k == self.local_stages[0]:
             t0 = time.perf_counter()
+            w = self.worker_of(k)
+            with self.cond:
+                self._where[w] = "input"
+                if self.freezing:
+                    self.cond.notify_all()
             try:
                 while True:
                     if self.stop:
@@ -332,6 +418,7 @@ class RGCAsync(SchemeBase):
                         raise _Stopped
                     step, x, y, lr = item
                     break
+                self._park(w)  # a freeze may have lent the workspace out while this waited
             finally:
                 self.stage_wait_s[k] += time.perf_counter() - t0
             assert step == t
@@ -388,7 +475,7 @@ class RGCAsync(SchemeBase):
         """Stage k's input for step t: stage k-1's output, copied out of the ring into ``ws``."""
         b = self._buffers
         prod, cons = b["produced"], b["consumed"]
-        self._wait(lambda: prod[k - 1] > t, k)
+        self._wait(lambda: prod[k - 1] > t, k, holds_ws=False)
         h = self.input_buffer(ws)
         h[...] = b["ring"][k - 1, t % (self.S + 1)]
         with self.cond:

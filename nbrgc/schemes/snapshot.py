@@ -67,6 +67,9 @@ class Snapshot:
         self.versions[...] = s.versions
         self._take_range(s.K, s.dec_lo, s.dec_hi, s.opt_dec, s.versions[self.step % (s.S + 2)])
 
+    def is_complete(self):
+        return self._complete.is_set()
+
     def wait(self):
         """True once complete; False when the workers stopped first (a failure or a shutdown)."""
         while not self._complete.wait(POLL):
