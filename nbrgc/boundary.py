@@ -29,7 +29,7 @@ import time
 class BackgroundBoundaries:
     def __init__(self, trainer, run):
         self.trainer, self.run = trainer, run
-        self.thread, self.error = None, None
+        self.thread, self.error, self.writing = None, None, None
         self.pending = None  # (step, snapshot, batches state) of an evaluation waiting for its copy
 
     # ------------------------------------------------------------------ checkpoints
@@ -48,6 +48,7 @@ class BackgroundBoundaries:
         if self.trainer.out is None:
             snap.release()
             return
+        self.writing = snap
         self.thread = threading.Thread(target=self._write_when_complete, args=(snap, step, batches_state),
                                        name=f"nbrgc-checkpoint-{step}", daemon=True)
         self.thread.start()
@@ -106,11 +107,16 @@ class BackgroundBoundaries:
             raise
         self._write(step, snap, batches_state)
 
-    def discard(self):
-        """Drop a pending evaluation (the run is failing or interrupted)."""
+    def discard(self, submitted):
+        """Drop a pending evaluation (the run is failing or interrupted), and give up a checkpoint
+        whose boundary's step was never submitted (a stop right after it was asked for: the stop
+        checkpoint of that boundary replaces it)."""
         if self.pending is not None:
             self.pending[1].release()
             self.pending = None
+        snap = self.writing
+        if snap is not None and snap.step is not None and snap.step >= submitted:
+            snap.cancel()
 
     def join(self):
         if self.thread is not None:

@@ -313,7 +313,7 @@ class Trainer:
                 if boundaries.pending[0] < r.step:
                     boundaries.finish_eval()
                 else:  # asked for at this boundary, whose copy needs step r.step: evaluate it paused
-                    boundaries.discard()
+                    boundaries.discard(r.step)
                     self._log_steps(r, scheme.drain(), time.perf_counter())
                     r.clock.pause(r.step, time.perf_counter())
                     r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
@@ -326,7 +326,7 @@ class Trainer:
         finally:
             try:
                 if boundaries is not None:
-                    boundaries.discard()
+                    boundaries.discard(r.step)
                     boundaries.join()
                 results = scheme.drain()
             except BaseException:

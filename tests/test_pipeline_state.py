@@ -225,3 +225,33 @@ def test_a_stage_failing_under_a_pending_snapshot_stops_the_run_without_its_chec
         tr.run()
     assert 5 not in ckpt_steps(d)
     assert not [p for p in os.listdir(d) if p.endswith(".tmp") or ".tmp." in p]
+
+
+def test_a_stop_right_after_a_checkpoint_copy_was_asked_for_ends_with_that_boundary(data, tmp_path,
+                                                                                   monkeypatch):
+    """A stop landing between the request for boundary 4's copy and the submission of step 4 (a
+    signal in that window) must not wait for a copy that needs step 4: the run ends at once with
+    the stop checkpoint of boundary 4, and resuming it gives the uninterrupted run's losses."""
+    import threading
+    from nbrgc.boundary import BackgroundBoundaries
+    real = BackgroundBoundaries.checkpoint
+
+    def checkpoint_then_stop(self, step):
+        real(self, step)
+        if step == 4:
+            self.trainer.request_stop("stop in the window")
+    ref, ref_params = run(data, out=str(tmp_path / "ref"), ckpt_every=2)
+    monkeypatch.setattr(BackgroundBoundaries, "checkpoint", checkpoint_then_stop)
+    d = str(tmp_path / "split")
+    done = []
+    th = threading.Thread(target=lambda: done.append(run(data, out=d, ckpt_every=2)), daemon=True)
+    th.start()
+    th.join(120)
+    assert done, "the run hung waiting for a copy of a boundary whose step was never submitted"
+    part = done[0][0]
+    assert part.summary()["steps"] == 4 and part.summary()["stopped"] == "stop in the window"
+    assert ckpt_steps(d)[-1] == 4
+    monkeypatch.setattr(BackgroundBoundaries, "checkpoint", real)
+    rest, rest_params = run(data, out=d, ckpt_every=2, resume=True)
+    assert {**part.losses(), **rest.losses()} == ref.losses()
+    assert np.array_equal(rest_params, ref_params)

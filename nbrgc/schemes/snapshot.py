@@ -33,6 +33,7 @@ class Snapshot:
         self._lock = threading.Lock()
         self._parts = 0
         self._complete = threading.Event()
+        self._cancelled = False
 
     def request(self, step):
         """Arm this copy for boundary ``step`` (the scheme checked it is the submitted one)."""
@@ -40,7 +41,7 @@ class Snapshot:
         with s.cond:
             while s._snap is not None and not s.stop:  # the previous request is still being read
                 s.cond.wait(POLL)
-            self.step, self._parts = step, 0
+            self.step, self._parts, self._cancelled = step, 0, False
             self._complete.clear()  # after a failure or stop, wait() returns False
             s._snap = self
             if s.version == step:  # round step-1 already closed: its decoder state is frozen
@@ -71,11 +72,16 @@ class Snapshot:
         return self._complete.is_set()
 
     def wait(self):
-        """True once complete; False when the workers stopped first (a failure or a shutdown)."""
+        """True once complete; False when the workers stopped first (a failure or a shutdown) or
+        the copy was cancelled."""
         while not self._complete.wait(POLL):
-            if self.scheme.stop or not self.scheme._threads:
+            if self.scheme.stop or not self.scheme._threads or self._cancelled:
                 return False
         return True
+
+    def cancel(self):
+        """The boundary's step will not be submitted (a stop came first): ``wait`` gives up."""
+        self._cancelled = True
 
     def state(self):
         """(arrays, meta) as :meth:`RGCAsync.state` would give them after a pause at ``step``."""
