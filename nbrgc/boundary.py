@@ -14,8 +14,8 @@ boundary n and goes on submitting steps:
 
 One copy is in flight at a time: a boundary that needs one first finishes the previous (boundary
 n's copy is complete once step n has started its update in every stage). The stages never read
-the copy, so their trajectory is the one a paused run follows, the file is the one a paused run writes, and the evaluation the one it
-computes, bit for bit (tests/test_pipeline_state.py). The run's end, ``--time`` and stops still
+the copy, so their trajectory is the one a paused run follows, the file is the one a paused run
+writes, and the evaluation the one it computes, bit for bit (tests/test_pipeline_state.py). The run's end, ``--time`` and stops still
 pause: there the pipeline ends anyway.
 
 Evaluating the copy beside running stages instead of freezing them measured slower: the evaluation

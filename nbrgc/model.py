@@ -240,8 +240,8 @@ class Model:
         (``flat`` as in :meth:`embed`)."""
         if h_in is not ws.resid[0]:
             ws.resid[0][...] = h_in
-        BLOCKS_FWD[ws.attention](self.flat if flat is None else flat, self.layout.block_offs, lo, hi, ws.B, ws.T,
-                                 self.cfg.n_head, ws.acts, ws.scratch, _threads())
+        BLOCKS_FWD[ws.attention](self.flat if flat is None else flat, self.layout.block_offs, lo, hi,
+                                 ws.B, ws.T, self.cfg.n_head, ws.acts, ws.scratch, _threads())
         return ws.resid[hi - lo]
 
     def backward_blocks(self, dh_out, lo, hi, ws, grad_flat=None):

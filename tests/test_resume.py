@@ -6,9 +6,9 @@ with ``Trainer.request_stop()`` called from its own JSON stream at the evaluatio
 takes effect at the next step boundary the trainer reaches: K itself for bp and rgc-sync, which pause
 to evaluate; a few steps later for rgc-async, which evaluates a copy of boundary K while the trainer
 goes on submitting steps (nbrgc.boundary), so where it stops depends on timing and the test checks
-the resume from wherever that is. All three modes are bitwise deterministic, rgc-async included (its checkpoints carry the
-pipeline state; tests/test_pipeline_state.py stops and resumes it anywhere): every step of every stage reads a fixed decoder
-version, rounds close in order and each round averages its K slots in a fixed order; thread timing
+the resume from wherever that is. All three modes are bitwise deterministic, rgc-async included
+(its checkpoints carry the pipeline state; tests/test_pipeline_state.py stops and resumes it
+anywhere): every step of every stage reads a fixed decoder version, rounds close in order and each round averages its K slots in a fixed order; thread timing
 only changes *when* work happens, never what is computed. The stage thread groups are fixed here
 (``stage_threads``), since ``auto`` times the machine and kernels that split reductions over threads
 may round differently with another group size.
