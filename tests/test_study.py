@@ -44,13 +44,17 @@ def test_every_arm_maps_to_its_train_config():
             "rgc-async-s0": ("rgc-async", 0, "uniform", "standard"),
             "rgc-async-depthw": ("rgc-async", 1, "depth", "standard"),
             "rgc-async-identity": ("rgc-async", 1, "uniform", "identity"),
-            "rgc-async-identity-depthw": ("rgc-async", 1, "depth", "identity")}
+            "rgc-async-identity-depthw": ("rgc-async", 1, "depth", "identity"),
+            "rgc-async-k2": ("rgc-async", 1, "uniform", "standard")}
     assert list(study.ARMS) == list(want)
     for arm, (mode, s, cons, init) in want.items():
         tc = study.train_config(arm, base, 3, 2e-3, 200, 8)
         assert (tc.mode, tc.max_staleness, tc.consensus, tc.stage_init) == (mode, s, cons, init)
         assert (tc.seed, tc.lr, tc.steps, tc.eval_every, tc.warmup, tc.batch) == (3, 2e-3, 200, 8, 20, 4)
         assert tc.n_stages == (1 if arm == "bp" else 2)
+    for K in (4, 8):  # an arm's own stage count holds whatever the study's
+        assert study.train_config("rgc-async-k2", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == 2
+        assert study.train_config("rgc-async", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == K
 
 
 def test_parsing_and_its_errors():

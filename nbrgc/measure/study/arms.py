@@ -2,7 +2,9 @@
 
 ARMS is the one table of what an arm means: every arm sets all four fields that tell the schemes
 apart (mode, max_staleness, consensus, stage_init), so a later change of a TrainConfig default does
-not silently change what an arm runs.
+not silently change what an arm runs. An arm that also sets ``n_stages`` runs with that many stages
+whatever the study's ``--n-stages``: ``rgc-async-k2`` asks how the cost of locality scales with the
+number of boundaries (one instead of three: each stage does twice as much alone).
 """
 import math
 
@@ -20,6 +22,8 @@ ARMS = {
                                stage_init="identity"),
     "rgc-async-identity-depthw": dict(mode="rgc-async", max_staleness=1, consensus="depth",
                                       stage_init="identity"),
+    "rgc-async-k2": dict(mode="rgc-async", max_staleness=1, consensus="uniform", stage_init="standard",
+                         n_stages=2),
 }
 
 
