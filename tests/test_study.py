@@ -45,21 +45,45 @@ def test_every_arm_maps_to_its_train_config():
             "rgc-async-depthw": ("rgc-async", 1, "depth", "standard"),
             "rgc-async-identity": ("rgc-async", 1, "uniform", "identity"),
             "rgc-async-identity-depthw": ("rgc-async", 1, "depth", "identity"),
-            "rgc-async-k2": ("rgc-async", 1, "uniform", "standard")}
+            "rgc-async-k2": ("rgc-async", 1, "uniform", "standard"),
+            "rgc-async-k8": ("rgc-async", 1, "uniform", "standard"),
+            "bp-quarter": ("bp", 1, "uniform", "standard"), "bp-half": ("bp", 1, "uniform", "standard")}
     assert list(study.ARMS) == list(want)
     for arm, (mode, s, cons, init) in want.items():
         tc = study.train_config(arm, base, 3, 2e-3, 200, 8)
         assert (tc.mode, tc.max_staleness, tc.consensus, tc.stage_init) == (mode, s, cons, init)
         assert (tc.seed, tc.lr, tc.steps, tc.eval_every, tc.warmup, tc.batch) == (3, 2e-3, 200, 8, 20, 4)
-        assert tc.n_stages == (1 if arm == "bp" else 2)
+        assert tc.n_stages == {"bp": 1, "bp-quarter": 1, "bp-half": 1, "rgc-async-k8": 8}.get(arm, 2)
     for K in (4, 8):  # an arm's own stage count holds whatever the study's
         assert study.train_config("rgc-async-k2", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == 2
         assert study.train_config("rgc-async", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == K
 
 
+def test_depth_arms_train_a_fraction_of_the_layers_and_all_leaves_out_what_cannot_run(tmp_path):
+    from nbrgc.config import preset
+    from nbrgc.measure.study.arms import fits, model_config
+    deep, base = preset("deep"), dict(batch=4, n_stages=4)
+    assert [model_config(a, deep).n_layer for a in ("bp", "bp-quarter", "bp-half", "rgc-async-k8")] == \
+        [24, 6, 12, 24]
+    assert model_config("bp-half", deep).d_model == deep.d_model
+    tiny = preset("tiny")  # 2 layers: no quarter, no 8 (or 4) stages
+    with pytest.raises(ConfigError, match="bp-quarter trains 1/4 .* n_layer 2"):
+        model_config("bp-quarter", tiny)
+    assert not fits("bp-quarter", tiny, base) and not fits("rgc-async-k8", tiny, base)
+    assert fits("bp-half", tiny, base) and fits("rgc-async-k2", tiny, base)
+    st = _study(tmp_path, arms=None)
+    assert st.arms == [a for a in study.ARMS if a not in ("rgc-async-k8", "bp-quarter")]
+    assert st.left_out == ["rgc-async-k8", "bp-quarter"]
+    with pytest.raises(ConfigError, match="bp-quarter trains 1/4"):
+        _study(tmp_path, name="named", arms=["bp", "bp-quarter"])
+    st.fingerprints = {a: "f" for a in st.arms}
+    task = st.task("main", "bp-half", 0, 1e-3)  # the half-depth model is what runs and what is keyed
+    assert task["model_config"]["n_layer"] == 1 == task["key"]["model_config"]["n_layer"]
+
+
 def test_parsing_and_its_errors():
     assert study.parse_arms("rgc-async,rgc-sync") == ["bp", "rgc-sync", "rgc-async"]
-    assert study.parse_arms("all") == list(study.ARMS) and study.parse_arms("bp,rgc-async")[0] == "bp"
+    assert study.parse_arms("all") is None and study.parse_arms("bp,rgc-async")[0] == "bp"
     for bad, needle in (("rgc-asink", "unknown arm 'rgc-asink'"), ("bp", "at least one RGC arm"),
                         ("rgc-sync,rgc-sync", "twice")):
         with pytest.raises(ConfigError, match=needle):

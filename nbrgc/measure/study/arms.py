@@ -4,7 +4,13 @@ ARMS is the one table of what an arm means: every arm sets all four fields that 
 apart (mode, max_staleness, consensus, stage_init), so a later change of a TrainConfig default does
 not silently change what an arm runs. An arm that also sets ``n_stages`` runs with that many stages
 whatever the study's ``--n-stages``: ``rgc-async-k2`` asks how the cost of locality scales with the
-number of boundaries (one instead of three: each stage does twice as much alone).
+number of boundaries (one instead of three: each stage does twice as much alone), ``rgc-async-k8``
+the other way (seven: each stage does half as much).
+
+An arm that sets ``depth`` (a fraction) trains the study's model with that fraction of its layers.
+``bp-quarter`` and ``bp-half`` are diagnostics, not candidates: BP at the depth of one stage of a
+4-stage and of a 2-stage split. Set beside each RGC stage's own read-out they say how much of what
+RGC reaches its first stage reaches alone, and how much its later stages add.
 """
 import math
 
@@ -24,14 +30,21 @@ ARMS = {
                                       stage_init="identity"),
     "rgc-async-k2": dict(mode="rgc-async", max_staleness=1, consensus="uniform", stage_init="standard",
                          n_stages=2),
+    "rgc-async-k8": dict(mode="rgc-async", max_staleness=1, consensus="uniform", stage_init="standard",
+                         n_stages=8),
+    "bp-quarter": dict(mode="bp", max_staleness=1, consensus="uniform", stage_init="standard",
+                       depth=(1, 4)),
+    "bp-half": dict(mode="bp", max_staleness=1, consensus="uniform", stage_init="standard",
+                    depth=(1, 2)),
 }
+DIAGNOSTIC = ("bp-quarter", "bp-half")
 
 
 def parse_arms(text):
-    """``"rgc-async,rgc-sync"`` -> ["bp", "rgc-async", "rgc-sync"] (bp always first); ``"all"`` or
-    None: every arm of ARMS."""
+    """``"rgc-async,rgc-sync"`` -> ["bp", "rgc-sync", "rgc-async"] (bp always first, then the table's
+    order); ``"all"`` or None -> None: every arm of ARMS that fits the study's model (fits())."""
     if text is None or str(text).strip().lower() in ("", "all"):
-        return list(ARMS)
+        return None
     arms = [a.strip().lower() for a in str(text).split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad:
@@ -86,8 +99,37 @@ def train_config(arm, base, seed, lr, steps, eval_every):
     if arm not in ARMS:
         raise ConfigError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
     d = {k: v for k, v in base.items() if k != "warmup_frac"}
-    d.update(ARMS[arm], seed=int(seed), lr=float(lr), steps=int(steps), eval_every=int(eval_every),
+    d.update({k: v for k, v in ARMS[arm].items() if k != "depth"}, seed=int(seed), lr=float(lr), steps=int(steps), eval_every=int(eval_every),
              warmup=int(round(base.get("warmup_frac", 0.05) * steps)))
-    if arm == BASE:
+    if d["mode"] == "bp":
         d.update(n_stages=1, stage_threads="auto", stage_workers=0)
     return TrainConfig(**d)
+
+
+def fits(arm, mcfg, base):
+    """Whether ``arm``'s own stage count or depth fits ``mcfg`` (divides its layers): ``--arms all``
+    leaves out, with a log line, the arms that set one that does not. An arm that follows the
+    study's settings always fits here, so that a study's bad ``--n-stages`` is an error, not an
+    empty study."""
+    if not {"depth", "n_stages"} & set(ARMS.get(arm, {})):
+        return True
+    try:
+        train_config(arm, base, 0, 1e-3, 1, 1).validate_for(model_config(arm, mcfg))
+    except ConfigError:
+        return False
+    return True
+
+
+def model_config(arm, mcfg):
+    """The ModelConfig of ``arm``'s runs: the study's, with ``depth`` of its layers where the arm sets
+    one (a whole number of layers, at least 1, or a ConfigError naming the arm)."""
+    import dataclasses
+    if arm not in ARMS:
+        raise ConfigError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
+    if "depth" not in ARMS[arm]:
+        return mcfg
+    num, den = ARMS[arm]["depth"]
+    if (mcfg.n_layer * num) % den or mcfg.n_layer * num < den:
+        raise ConfigError(f"arm {arm} trains {num}/{den} of the model's layers: n_layer "
+                          f"{mcfg.n_layer} does not split so")
+    return dataclasses.replace(mcfg, n_layer=mcfg.n_layer * num // den)

@@ -114,13 +114,13 @@ def main(argv=None):
     machines or BLAS kernels, e.g. under OPENBLAS_CORETYPE=Haswell)."""
     import sys
     from ...config import preset, preset_batch
-    from .arms import ARMS, train_config
+    from .arms import ARMS, fits, model_config, train_config
     name = (argv if argv is not None else sys.argv[1:]) or ["tiny"]
     mcfg = preset(name[0])
     from ..bench.plan import default_n_stages
     base = dict(batch=preset_batch(name[0]), n_stages=default_n_stages(mcfg.n_layer))
-    for arm in ARMS:
-        print(arm, scheme_fingerprint(mcfg, train_config(arm, base, 0, 1e-3, 1000, 40)))
+    for arm in (a for a in ARMS if fits(a, mcfg, base)):
+        print(arm, scheme_fingerprint(model_config(arm, mcfg), train_config(arm, base, 0, 1e-3, 1000, 40)))
 
 
 if __name__ == "__main__":

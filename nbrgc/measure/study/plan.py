@@ -22,7 +22,7 @@ import sys
 
 from ...errors import ConfigError
 from . import fingerprint as fp_mod
-from .arms import ARMS, BASE, train_config
+from .arms import ARMS, BASE, fits, model_config, train_config
 from .runner import load_result
 
 PHASES = ("sweep", "main", "all")
@@ -60,11 +60,10 @@ class StudyPlan:
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.config, self.dataset, self.data_dir = config, dataset, data_dir
         self.mcfg = preset(config, **(model_overrides or {}))
-        self.arms = list(arms) if arms else list(ARMS)
-        unknown = [a for a in self.arms if a not in ARMS]
+        self.arms = list(arms) if arms else None  # None: every arm that fits, once base is known
+        unknown = [a for a in self.arms or () if a not in ARMS]
         if unknown:
             raise ConfigError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
-        self.arms = [BASE] + [a for a in ARMS if a in self.arms and a != BASE]
         self.seeds = list(seeds)
         if not self.seeds:
             raise ConfigError("a study needs at least one seed")
@@ -105,9 +104,13 @@ class StudyPlan:
                          eval_batches=eval_batches, threads=threads,
                          n_stages=n_stages or default_n_stages(self.mcfg.n_layer),
                          keep=1, ckpt_every=0, log_every=max(1, min(10, self.steps)))
+        skip = [] if self.arms is not None else [a for a in ARMS if not fits(a, self.mcfg, self.base)]
+        chosen = self.arms if self.arms is not None else [a for a in ARMS if a not in skip]
+        self.arms = [BASE] + [a for a in ARMS if a in chosen and a != BASE]
         for arm in self.arms:  # every arm's config is valid before anything runs
             train_config(arm, self.base, self.seeds[0], self.sweep_lrs[0], self.steps,
-                         self.eval_every).validate_for(self.mcfg)
+                         self.eval_every).validate_for(model_config(arm, self.mcfg))
+        self.left_out = skip  # Study.run says so: a bad flag's error stays the only line
         self._ds = dataset_obj
         self.fingerprints = None
         self.data_id = None  # data_key(), once run() has read the data
@@ -128,7 +131,7 @@ class StudyPlan:
 
     def compute_fingerprints(self):
         """{arm: numerics fingerprint} of every arm (see :mod:`nbrgc.measure.study.fingerprint`)."""
-        return {arm: fp_mod.scheme_fingerprint(self.mcfg, self.fingerprint_config(arm))
+        return {arm: fp_mod.scheme_fingerprint(model_config(arm, self.mcfg), self.fingerprint_config(arm))
                 for arm in self.arms}
 
     def fingerprint_config(self, arm):
@@ -157,8 +160,9 @@ class StudyPlan:
         steps, every = ((self.sweep_steps, self.sweep_eval_every) if phase == "sweep"
                         else (self.steps, self.eval_every))
         tc = train_config(arm, self.base, seed, lr, steps, every)
+        mcfg = model_config(arm, self.mcfg)
         key = {"arm": arm, "phase": phase, "seed": int(seed), "lr": float(lr),
-               "model_config": self.mcfg.to_dict(),
+               "model_config": mcfg.to_dict(),
                "train_config": {k: v for k, v in tc.to_dict().items() if k not in _NOT_IN_KEY},
                "data": self.data_id,
                "test": ({"metric": "sliding_bpb", "bytes": self.test_bytes} if phase == "main" else None),
@@ -166,7 +170,7 @@ class StudyPlan:
         name = f"{phase}-{arm}-s{seed}-lr{fmt_lr(lr)}"
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         return {"name": name, "arm": arm, "phase": phase, "seed": int(seed), "lr": float(lr),
-                "key": key, "model_config": self.mcfg.to_dict(), "train_config": tc.to_dict(),
+                "key": key, "model_config": mcfg.to_dict(), "train_config": tc.to_dict(),
                 "dataset": self.dataset, "data_dir": self.data_dir, "score_test": phase == "main",
                 "test_bytes": self.test_bytes, "verbose": self.verbose,
                 "fingerprint_config": self.fingerprint_config(arm).to_dict(),

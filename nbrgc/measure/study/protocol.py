@@ -107,6 +107,9 @@ class Study(StudyPlan):
         os.makedirs(self.work, exist_ok=True)
         self.data_id = self.data_key()
         t0 = time.perf_counter()
+        if self.left_out:
+            self.log(f"nbrgc-study: --arms all: {', '.join(self.left_out)} cannot run on {self.config} "
+                     f"({self.mcfg.n_layer} layers): left out")
         self.log(f"nbrgc-study: numerics fingerprints of {len(self.arms)} arm(s) (float64, "
                  f"{fp_mod.FP_STEPS} steps)...")
         self.fingerprints = self.compute_fingerprints()

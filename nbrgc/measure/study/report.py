@@ -16,7 +16,7 @@ import math
 import os
 
 from ...atomic import write_json, write_text
-from .arms import ARMS, BASE
+from .arms import ARMS, BASE, DIAGNOSTIC
 
 REPORT_FILE, MARKDOWN_FILE, CURVES_FILE = "study.json", "study.md", "curves.png"
 CONVERGED_BELOW = 0.01
@@ -223,7 +223,9 @@ def markdown(rep):
         lr = "–" if arms[a]["lr"] is None else f"{arms[a]['lr']:.3g}"
         L.append(f"| {a} | {lr} | {v['n_paired']}/{len(seeds)} | {_pct(v['mean_gap'], 3)} | "
                  f"{_pct(v['t_lower'], 3)} | {_pct(v['t_upper'], 3)} | [{_pct(v['boot_lower'])}, "
-                 f"{_pct(v['boot_upper'])}] | {100 * v['margin']:g}% | {v['verdict']} |")
+                 f"{_pct(v['boot_upper'])}] | {100 * v['margin']:g}% | "
+                 + ("diagnostic, not a candidate: " if a in DIAGNOSTIC else "") + f"{v['verdict']} |")
+    L += _depth_table(rep)
     cv = rep["convergence"]
     L += ["", "### Convergence of bp", "",
           f"Mean relative improvement of bp's validation bpb over the last 20% of its run: "
@@ -236,6 +238,30 @@ def markdown(rep):
     for n in rep.get("notes", []):
         L += ["", f"Note: {n}"]
     return "\n".join(L) + "\n"
+
+
+def _depth_table(rep):
+    """Each arm's final validation bpb at each of its read-outs, against the layers below it: what
+    an RGC stage adds to the one before, beside BP at the same depth (bp-quarter, bp-half)."""
+    c, rows = rep["config"], []
+    for a, e in rep["arms"].items():
+        ov = e.get("overrides") or {}
+        num, den = ov.get("depth", (1, 1))
+        layers = c["n_layer"] * num // den
+        k = 1 if ov.get("mode") == "bp" else ov.get("n_stages", c["n_stages"])
+        per_seed = [v for v in e.get("val_stage_bpb") or [] if v]
+        if not per_seed or any(len(v) != k for v in per_seed):
+            continue
+        means = [sum(v[j] for v in per_seed) / len(per_seed) for j in range(k)]
+        rows.append(f"| {a} | {', '.join(str(layers * (j + 1) // k) for j in range(k))} | "
+                    + " → ".join(f"{m:.4f}" for m in means) + f" | {len(per_seed)} |")
+    if not rows:
+        return []
+    return ["", "### Where the depth goes (final validation bpb at each read-out, mean over seeds)", "",
+            "An RGC stage's read-out is the shared decoder on its output; bp-quarter and bp-half, where "
+            "present, are BP trained at the depth of one stage of a 4- and a 2-stage split.", "",
+            "| arm | layers below each read-out | validation bpb, stage by stage | seeds |",
+            "|---|---|---|---:|"] + rows
 
 
 def write(rep, out, plot=True):
