@@ -426,7 +426,7 @@ def test_stored_results_have_the_keys_this_code_computes(report):
     assert st.data_id == rep["data"]
     stored = {p.name: json.loads(p.read_text()) for p in sorted((report.parent / "results").glob("*.json"))}
     arms = sorted({r["arm"] for r in stored.values()})
-    st.fingerprints = {a: fp_mod.scheme_fingerprint(st.mcfg, st.fingerprint_config(a)) for a in arms}
+    st.fingerprints = st.compute_fingerprints(arms)
     for name, res in stored.items():
         task = st.task(res["phase"], res["arm"], res["seed"], res["lr"])
         assert json.loads(json.dumps(task["key"])) == res["key"], name

@@ -129,10 +129,12 @@ class StudyPlan:
         return {"name": os.path.basename(str(self.dataset)) if self.dataset else ds.name,
                 "sha256": h.hexdigest()[:16], "bytes": [len(ds.train), len(ds.val), len(ds.test)]}
 
-    def compute_fingerprints(self):
-        """{arm: numerics fingerprint} of every arm (see :mod:`nbrgc.measure.study.fingerprint`)."""
+    def compute_fingerprints(self, arms=None):
+        """{arm: numerics fingerprint} of every arm of the study, or of ``arms`` (see
+        :mod:`nbrgc.measure.study.fingerprint`); each on the arm's own model config (bp-half trains
+        half the layers)."""
         return {arm: fp_mod.scheme_fingerprint(model_config(arm, self.mcfg), self.fingerprint_config(arm))
-                for arm in self.arms}
+                for arm in (self.arms if arms is None else arms)}
 
     def fingerprint_config(self, arm):
         """The TrainConfig an arm's fingerprint is computed from (a run's child checks it again)."""
