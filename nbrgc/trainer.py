@@ -297,27 +297,18 @@ class Trainer:
                             pause = False
                         else:
                             boundaries.join()
-                if pause:
-                    results += scheme.drain()
-                now = time.perf_counter()
-                self._log_steps(r, results, now)
-                if pause:
-                    r.clock.pause(r.step, now)
-                    if self._is_eval(r.step) or time_up:
-                        r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
-                    r.last_ckpt = self._save(r.model, scheme, r.batches, r.step) or r.last_ckpt
-                    r.clock.restart()
-                    if time_up:
-                        break
+                if not pause:
+                    self._log_steps(r, results, time.perf_counter())
+                    continue
+                self._pause(r, results, evaluate=self._is_eval(r.step) or time_up, save=True)
+                if time_up:
+                    break
             if boundaries is not None and boundaries.pending is not None:  # a stop between boundaries
                 if boundaries.pending[0] < r.step:
                     boundaries.finish_eval()
                 else:  # asked for at this boundary, whose copy needs step r.step: evaluate it paused
                     boundaries.discard(r.step)
-                    self._log_steps(r, scheme.drain(), time.perf_counter())
-                    r.clock.pause(r.step, time.perf_counter())
-                    r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
-                    r.clock.restart()
+                    self._pause(r, [], evaluate=True, save=False)
         except KeyboardInterrupt:
             self.request_stop("interrupted")
         except BaseException:
@@ -335,6 +326,19 @@ class Trainer:
             finally:
                 scheme.close()
         return results
+
+    def _pause(self, r, results, evaluate, save):
+        """Hold the scheme at boundary r.step: drain it, log every step up to the boundary, then
+        evaluate and/or checkpoint there with the training clock stopped."""
+        results = results + r.scheme.drain()
+        now = time.perf_counter()
+        self._log_steps(r, results, now)
+        r.clock.pause(r.step, now)
+        if evaluate:
+            r.last_eval = self._evaluate(r.model, r.held_out, r.stages, r.eval_ws, r.step, r.t_start)
+        if save:
+            r.last_ckpt = self._save(r.model, r.scheme, r.batches, r.step) or r.last_ckpt
+        r.clock.restart()
 
     def _is_eval(self, step):
         return bool(self.tc.eval_every and step % self.tc.eval_every == 0) or step == self.tc.steps
