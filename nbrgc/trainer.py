@@ -173,6 +173,11 @@ class Trainer:
         MPI job must agree on it and on a requested stop (nbrgc.distributed.run)."""
         return time_up
 
+    def _agree(self, fn, what):
+        """``fn()``: one process decides alone; the ranks of an MPI job take rank 0's answer, or
+        its one-line error (nbrgc.distributed.run). ``what`` names the decision for that error."""
+        return fn()
+
     # ------------------------------------------------------------------ the run
     def run(self):
         """Set up, train to the last step or a stop, checkpoint a stop, evaluate, summarise."""
@@ -434,7 +439,8 @@ class Trainer:
 
     def _restore(self, model, scheme, batches):
         expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode, "n_stages": self.tc.n_stages}
-        found = ckpt.latest(self.out, expect=expect, log=self.info)
+        found = self._agree(lambda: ckpt.latest(self.out, expect=expect, log=self.info),
+                            "the checkpoint to resume from")
         if found is None:
             self.info(f"no checkpoint in {self.out}: starting from step 0")
             return 0, None

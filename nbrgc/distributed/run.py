@@ -16,7 +16,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import checkpoint as ckpt
 from ..atomic import write_json
 from ..errors import NbrgcError, StageError
 from ..threads import cpu_count
@@ -109,25 +108,7 @@ class DistributedTrainer(Trainer):
         arrays, meta = scheme.state()  # every rank: RGC gathers the optimizer state here
         if self.link.rank:
             return None
-        arrays = dict(arrays, params=model.flat)
-        meta = dict(meta, **self._run_meta(), train_config=self.tc.to_dict(), batches=batches.state(),
-                    data=self.data_spec or self.data.name)
-        return ckpt.save(self.out, step, arrays, meta, keep=self.tc.keep)
-
-    def _restore(self, model, scheme, batches):
-        expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode,
-                  "n_stages": self.tc.n_stages}  # 1 for bp (TrainConfig sets it)
-        found = self._agree(lambda: ckpt.latest(self.out, expect=expect, log=self.info),
-                            "the checkpoint to resume from")
-        if found is None:
-            self.info(f"no checkpoint in {self.out}: starting from step 0")
-            return 0, None
-        path, arrays, meta = found
-        model.flat[...] = arrays["params"]
-        scheme.load_state(arrays, meta)
-        batches.set_state(meta["batches"])
-        self.info(f"resumed from {path} (step {meta['step']})")
-        return int(meta["step"]), path
+        return self.write_checkpoint(step, arrays, meta, model.flat, batches.state())
 
 
 def _failed_step(trainer, exc):
