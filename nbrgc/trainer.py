@@ -438,7 +438,8 @@ class Trainer:
         return ckpt.save(self.out, step, arrays, meta, keep=self.tc.keep)
 
     def _restore(self, model, scheme, batches):
-        expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode, "n_stages": self.tc.n_stages}
+        expect = {"model_config": self.mcfg.to_dict(), "mode": self.tc.mode,
+                  "n_stages": self.tc.n_stages}  # 1 for bp (TrainConfig sets it)
         found = self._agree(lambda: ckpt.latest(self.out, expect=expect, log=self.info),
                             "the checkpoint to resume from")
         if found is None:
