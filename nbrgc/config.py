@@ -3,7 +3,7 @@ from dataclasses import dataclass, asdict, fields, replace
 
 from .errors import ConfigError
 
-MODES = ("bp", "rgc-sync", "rgc-async")
+MODES = ("bp", "rgc-sync", "rgc-async", "pipe-sync")
 ON_NAN = ("stop", "skip")
 
 
@@ -47,6 +47,10 @@ class ModelConfig:
             object.__setattr__(self, name, _int(name, getattr(self, name), lo))
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+
+    def is_plain_rgc(self):
+        """Whether the objective is RGC's own (horizon 0, aux_weight 1)."""
+        return self.horizon == "0" and self.aux_weight == 1.0
 
     def to_dict(self):
         return asdict(self)
@@ -152,6 +156,11 @@ class TrainConfig:
     ckpt_every: int = 0           # 0: only at eval points and at the end
     consensus: str = "uniform"    # RGC decoder consensus: uniform | depth (stage k weighs k + 1) | last
     stage_init: str = "standard"  # RGC: standard | identity (stages after the first start as identity)
+    # the objective between RGC and BP (nbrgc.horizon), None: the mode's (pipe-sync: all and 0,
+    # pipelined backprop; the others: 0 and 1, RGC)
+    horizon: str = None           # blocks below a stage's input its loss reaches: an int or "all"
+    aux_weight: float = None      # weight of the stages' own losses beside the last one's
+    boundary_delay: int = 1       # pipe-sync: steps a boundary gradient takes per hop
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -183,6 +192,14 @@ class TrainConfig:
             raise ConfigError(f"consensus must be one of {', '.join(CONSENSUS)}, got {self.consensus!r}")
         if self.stage_init not in STAGE_INIT:
             raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
+        pipe = self.mode == "pipe-sync"
+        h = ("all" if pipe else "0") if self.horizon is None else str(self.horizon).strip().lower()
+        if h != "all" and not h.isdigit():
+            raise ConfigError(f"horizon must be a number of blocks >= 0 or 'all', got {self.horizon!r}")
+        object.__setattr__(self, "horizon", h)
+        aux = (0.0 if pipe else 1.0) if self.aux_weight is None else self.aux_weight
+        object.__setattr__(self, "aux_weight", _float("aux_weight", aux, 0.0))
+        object.__setattr__(self, "boundary_delay", _int("boundary_delay", self.boundary_delay, 0))
         if self.mode == "bp" and self.n_stages != 1:
             object.__setattr__(self, "n_stages", 1)
 
@@ -197,6 +214,18 @@ class TrainConfig:
             raise ConfigError(f"seq ({seq}) must be <= ctx ({mcfg.ctx})")
         if self.mode != "bp" and mcfg.n_layer % self.n_stages:
             raise ConfigError(f"n_stages ({self.n_stages}) must divide n_layer ({mcfg.n_layer})")
+        if self.mode == "rgc-async" and not self.is_plain_rgc():
+            raise ConfigError("rgc-async sends no gradient across a boundary: for --horizon and "
+                              "--aux-weight use --mode pipe-sync (the pipeline's schedule in one "
+                              "thread, --max-staleness as rgc-async's)")
+        if self.mode in ("rgc-sync", "pipe-sync") and self.n_stages > 1:
+            from .horizon import check_coverage, resolve_horizon
+            from .local import split_stages
+            from .schemes.pipe_sync import stage_horizon
+            stages = split_stages(mcfg.n_layer, self.n_stages)
+            stage_horizon(self.horizon, stages)
+            check_coverage(mcfg.n_layer, stages, resolve_horizon(self.horizon, mcfg.n_layer),
+                           self.aux_weight)
         if self.mode == "rgc-async":
             groups = parse_stage_threads(self.stage_threads, self.n_stages)
             if self.stage_workers > self.n_stages:
@@ -205,6 +234,10 @@ class TrainConfig:
             if groups is not None and self.stage_workers:
                 worker_groups(groups, self.stage_workers)
         return seq
+
+    def is_plain_rgc(self):
+        """Whether the objective is RGC's own (horizon 0, aux_weight 1)."""
+        return self.horizon == "0" and self.aux_weight == 1.0
 
     def to_dict(self):
         return asdict(self)

@@ -142,14 +142,21 @@ def stage_backward(model, ws, k, lo, hi, out, y, gdec, pdec=None):
     return float(loss)
 
 
-def local_loss_and_grad(model, x, y, n_stages=4, consensus="uniform"):
+def local_loss_and_grad(model, x, y, n_stages=4, consensus="uniform", horizon=0, aux_weight=1.0):
     """Losses of every stage and the bounded-horizon gradients.
 
     Returns (losses, grads): ``losses[k]`` is stage k's local loss (the last one is the full network's),
-    ``grads[name]`` views of ``model.grad_flat``: block and embedding gradients from their own stage's
-    loss only, decoder gradients the RGC average over stages (weighted by ``consensus``, see
-    :func:`consensus_weights`). With n_stages=1 this is exactly ``model.loss_and_grad``.
+    ``grads[name]`` views of ``model.grad_flat``. By default (``horizon=0, aux_weight=1``) this is RGC:
+    block and embedding gradients from their own stage's loss only, decoder gradients the RGC average
+    over stages (weighted by ``consensus``, see :func:`consensus_weights`); with n_stages=1 it is
+    exactly ``model.loss_and_grad``. Otherwise it is the gradient of J = L_{K-1} + aux_weight * sum of
+    the other stages' losses, each loss reaching ``horizon`` blocks (an int, or "all") below its
+    stage's input: :mod:`nbrgc.horizon`, where ``horizon="all", aux_weight=0`` is backprop.
     """
+    if not (isinstance(horizon, (int, np.integer)) and not isinstance(horizon, bool) and horizon == 0
+            and aux_weight == 1.0):
+        from .horizon import objective_loss_and_grad
+        return objective_loss_and_grad(model, x, y, n_stages, horizon, aux_weight, consensus)
     x, y = model.check_batch(x, y)
     stages = split_stages(model.cfg.n_layer, n_stages)
     B, T = x.shape

@@ -56,10 +56,21 @@ def build_parser():
                         "below n_stages, the most workers with equal shares of the stages "
                         "(default: auto)")
     g.add_argument("--max-staleness", type=int, default=D["max_staleness"],
-                   help="rgc-async: steps a stage may run ahead")
+                   help="rgc-async, pipe-sync: step t reads the decoder version t - S (S: steps a "
+                        "stage may run ahead)")
     g.add_argument("--consensus", choices=CONSENSUS, default=D["consensus"],
                    help="rgc: how the stages' decoder gradients combine: uniform average, depth "
                         "(stage k weighted (k+1)/sum), or last (the last stage's alone)")
+    g.add_argument("--horizon", default=None,
+                   help="rgc-sync, pipe-sync: blocks below a stage's input its loss's gradient "
+                        "reaches: 0 (RGC), one stage's blocks, or all (default: pipe-sync all, "
+                        "else 0; docs/schemes.md)")
+    g.add_argument("--aux-weight", type=finite_number, default=None,
+                   help="rgc-sync, pipe-sync: weight of the earlier stages' losses beside the last "
+                        "one's (default: pipe-sync 0, pipelined backprop; else 1, RGC)")
+    g.add_argument("--boundary-delay", type=int, default=D["boundary_delay"],
+                   help="pipe-sync: steps a boundary gradient takes per hop (1: an asynchronous "
+                        "pipeline's; 0: none)")
     g.add_argument("--stage-init", choices=STAGE_INIT, default=D["stage_init"],
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
                         "zero, so each later stage starts as the identity of its input")
@@ -150,7 +161,8 @@ def parse(argv=None):
                      threads=a.threads, n_stages=a.n_stages,
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,
                      max_staleness=a.max_staleness, on_nan=a.on_nan,
-                     consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every)
+                     consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every,
+                     horizon=a.horizon, aux_weight=a.aux_weight, boundary_delay=a.boundary_delay)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":
         from ..config import parse_stage_threads

@@ -17,6 +17,11 @@ def make_scheme(model, tc, **kw):
     if tc.mode == "bp":
         from .bp import BP
         return BP(model, tc, **kw)
+    if tc.mode == "pipe-sync" or (tc.mode == "rgc-sync" and not tc.is_plain_rgc()):
+        from .pipe_sync import PipeSync
+        if tc.mode == "rgc-sync":  # the synchronous reference: no staleness, no delay
+            return PipeSync(model, tc, staleness=0, delay=0, **kw)
+        return PipeSync(model, tc, **kw)
     if tc.mode == "rgc-sync":
         from .rgc_sync import RGCSync
         return RGCSync(model, tc, **kw)

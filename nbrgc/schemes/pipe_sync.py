@@ -1,0 +1,256 @@
+"""The pipeline's schedule, stage by stage in one thread: the objective of :mod:`nbrgc.horizon` with its
+gradients arriving as late as an asynchronous pipeline delivers them.
+
+Per step t, every stage k (blocks lo..hi-1, its own AdamW and clipping, as in rgc-sync):
+
+1. **forward and own loss.** Stage k runs micro-batch t on its input (the embeddings for stage 0, the
+   output of stage k-1 otherwise) and reads its loss L_k through the decoder version max(0, t - S)
+   (``--max-staleness S``, as rgc-async). The gradient of a_k * L_k (a_k = aux_weight, 1 for the last
+   stage) goes through its own blocks at once, and its decoder gradient into the consensus slot.
+2. **late gradient** (horizon > 0). Stage k < K-1 also applies the gradient that stage k+1 sent back
+   for the boundary of micro-batch s = t - D_k: it recomputes its forward on s from the input it kept
+   (features replay: only the input is stored, B*T*d floats a step in flight, and the replay uses the
+   current weights), and backpropagates the message through its blocks.
+3. **message down.** With ``horizon all`` the message stage k sends down for micro-batch s is the
+   gradient at its input of everything above it (its late part plus its own loss's part, which it
+   computed at step s and kept); with a horizon of one stage it is its own loss's part alone, sent
+   at step s (the loss reaches one stage below its input and no further).
+4. **updates.** Each stage clips its gradient (its parameters and its decoder contribution) and
+   steps; the decoder steps on the weighted consensus into version t + 1.
+
+Each hop costs ``--boundary-delay d`` steps (1: a message computed at step t is used at t + 1, as in
+an asynchronous pipeline where the stages run side by side; 0: the synchronous reference), so
+D_k = d (K - 1 - k) for ``horizon all`` and D_k = d for a horizon of one stage. The rule fixes every
+delay, so the trajectory is the same whatever the cadence of evaluations, checkpoints, stops and
+resumes; the rings of kept inputs, own gradients and messages are written into every checkpoint.
+
+The corners: horizon 0, aux_weight 1 is rgc-sync (S = 0) and rgc-async (S), bit for bit; horizon all,
+aux_weight 0, delay 0 is backprop with per-stage clipping (bit for bit backprop with --grad-clip 0).
+Horizons that are not 0, one stage or all are left to the reference :func:`nbrgc.local_loss_and_grad`.
+"""
+import numpy as np
+
+from ..errors import CheckpointError, ConfigError
+from ..horizon import check_aux_weight, check_coverage, decoder_weights, loss_weights, resolve_horizon
+from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
+from ..optim import clip_scale
+from . import StepResult
+from .common import SchemeBase
+
+
+def stage_horizon(horizon, stages):
+    """The horizon in stages a scheme supports: 0 (none), 1 (one stage back) or "all"."""
+    L = stages[-1][1]
+    per = stages[0][1] - stages[0][0]
+    H = resolve_horizon(horizon, L)
+    if H == 0:
+        return 0
+    if H >= L - per:  # reaches block 0 from the last stage's input
+        return "all"
+    if H == per:
+        return 1
+    raise ConfigError(f"horizon {horizon} is not 0, one stage ({per} blocks) or all: the training "
+                      "schemes send gradients a whole stage at a time (any horizon: "
+                      "nbrgc.local_loss_and_grad)")
+
+
+def delays(n_stages, hops, d):
+    """D_k: how many steps late stage k's gradient from the boundary above arrives."""
+    if hops == 0:
+        return [0] * n_stages
+    if hops == "all":
+        return [d * (n_stages - 1 - k) for k in range(n_stages)]
+    return [d] * (n_stages - 1) + [0]
+
+
+class PipeSync(SchemeBase):
+    def __init__(self, model, tc, horizon=None, aux_weight=None, staleness=None, delay=None, **_):
+        super().__init__(model, tc)
+        self.stages = split_stages(model.cfg.n_layer, tc.n_stages)
+        K = self.K = len(self.stages)
+        self.hops = stage_horizon(tc.horizon if horizon is None else horizon, self.stages)
+        lam = check_aux_weight(tc.aux_weight if aux_weight is None else aux_weight)
+        check_coverage(model.cfg.n_layer, self.stages,
+                       resolve_horizon(tc.horizon if horizon is None else horizon, model.cfg.n_layer),
+                       lam)
+        self.a = loss_weights(K, lam)
+        self.S = tc.max_staleness if staleness is None else staleness
+        self.d = tc.boundary_delay if delay is None else delay
+        self.D = delays(K, self.hops, self.d)
+        self.ranges = stage_param_ranges(model.layout, self.stages)
+        self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
+        self.dec_lo, self.dec_hi = model.layout.decoder_range
+        self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
+        self.cw = decoder_weights(tc.consensus, K, lam)
+        self.rgc = RGCBuffer(K, self.dec_hi - self.dec_lo, model.dtype, weights=self.cw)
+        # decoder version v is the decoder after v rounds; step t reads version max(0, t - S)
+        self.versions = np.zeros((self.S + 2, self.dec_hi - self.dec_lo), model.dtype)
+        self.version = None          # the newest version (None: not yet taken from the model)
+        self._ws = self._rings = None
+
+    def optimizers(self):
+        return self.opts + [self.opt_dec]
+
+    def eval_workspace(self, B, T):
+        return self._workspace(B, T)
+
+    def _workspace(self, B, T):
+        if self._ws is None or (self._ws.B, self._ws.T) != (B, T):
+            per = self.stages[0][1] - self.stages[0][0]
+            self._ws = self.model.workspace(B, T, 0, per)  # stages run in turn: one is enough
+        return self._ws
+
+    # ------------------------------------------------------------------ pipeline state
+    def _alloc(self, B, T):
+        """The rings a step in flight needs, by name (every one goes into checkpoints)."""
+        N, dm, K, dt = B * T, self.model.cfg.d_model, self.K, self.model.dtype
+        r = {}
+        if self.hops:
+            r["tokens"] = np.zeros((self.D[0] + 1, B, T), np.int32)   # stage 0's kept inputs
+            for k in range(1, K - 1):
+                r[f"input{k}"] = np.zeros((self.D[k] + 1, N, dm), dt)
+            for k in range(K - 1):
+                r[f"message{k}"] = np.zeros((self.d + 1, N, dm), dt)  # for stage k, from k + 1
+            if self.hops == "all":
+                for k in range(1, K - 1):
+                    if self.a[k]:
+                        r[f"own{k}"] = np.zeros((self.D[k] + 1, N, dm), dt)
+        self._rings = r
+        self._shape = (B, T)
+
+    def _versions_from_model(self):
+        self.versions[:] = self.model.flat[self.dec_lo:self.dec_hi]
+        self.version = 0
+
+    def state(self):
+        arrays, meta = super().state()
+        if self.version is None:
+            self._versions_from_model()
+        arrays["decoder_versions"] = self.versions
+        for name, ring in (self._rings or {}).items():
+            arrays[f"pipe_{name}"] = ring
+        meta.update(pipe={"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
+                          "max_staleness": self.S, "boundary_delay": self.d,
+                          "shape": list(self._shape) if self._rings else None})
+        return arrays, meta
+
+    def load_state(self, arrays, meta):
+        super().load_state(arrays, meta)
+        saved = meta.get("pipe")
+        if saved is None:
+            raise CheckpointError("checkpoint has no pipeline state (written by another mode)")
+        mine = {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
+                "max_staleness": self.S, "boundary_delay": self.d}
+        for key, value in mine.items():
+            if saved.get(key) != value:
+                raise CheckpointError(f"checkpoint was written with {key} {saved.get(key)}, this run "
+                                      f"has {value} (resume with the same settings)")
+        self.versions[...] = arrays["decoder_versions"]
+        self.version = int(meta["step"])
+        if saved.get("shape"):
+            self._alloc(*saved["shape"])
+            for name, ring in self._rings.items():
+                ring[...] = arrays[f"pipe_{name}"]
+
+    # ------------------------------------------------------------------ one step
+    def submit(self, step, x, y, lr):
+        m, tc, K, t = self.model, self.tc, self.K, step
+        x, y = m.check_batch(x, y)
+        ws = self._workspace(*x.shape)
+        if self._rings is None or self._shape != x.shape:
+            self._alloc(*x.shape)
+        if self.version is None:
+            self._versions_from_model()
+        pdec = self.versions[max(0, t - self.S) % (self.S + 2)]
+        G = m.grad_flat
+        for k in range(K):
+            plo, phi = self.ranges[k]
+            G[plo:phi] = 0.0
+            self.rgc.slot(0, k)[...] = 0.0
+        losses = [self._forward_own(k, t, x, y, ws, pdec) for k in range(K)]
+        if self.hops:
+            for k in range(K - 2, -1, -1):
+                self._late(k, t, ws)
+        self._update(t, lr, losses)
+
+    def _forward_own(self, k, t, x, y, ws, pdec):
+        m, r, a = self.model, self._rings, self.a[k]
+        lo, hi = self.stages[k]
+        if k == 0:
+            h = m.embed(x, ws)
+            if self.hops:
+                r["tokens"][t % (self.D[0] + 1)] = x
+        else:
+            h = ws.resid[0]
+            h[...] = self._next_input
+            if self.hops and k < self.K - 1:
+                r[f"input{k}"][t % (self.D[k] + 1)] = h
+        out = m.forward_blocks(h, lo, hi, ws)
+        if k + 1 < self.K:
+            self._next_input = out.copy()  # taken before this stage's buffers are reused
+        if a == 0.0 and self.cw is not None and self.cw[k] == 0.0:
+            return float(m.decoder_loss(out, y, ws, pdec=pdec))  # reported, not trained on
+        loss, dh = m.decoder_loss_and_grad(out, y, ws, gdec=self.rgc.slot(0, k), pdec=pdec)
+        if a == 0.0:
+            return float(loss)
+        if a != 1.0:
+            dh *= dh.dtype.type(a)
+        dx = m.backward_blocks(dh, lo, hi, ws)
+        if k == 0:
+            m.embed_backward(ws, dx)
+        elif self.hops == 1 or (self.hops == "all" and k == self.K - 1):
+            r[f"message{k - 1}"][t % (self.d + 1)] = dx
+        elif self.hops == "all":
+            r[f"own{k}"][t % (self.D[k] + 1)] = dx
+        return float(loss)
+
+    def _late(self, k, t, ws):
+        """Stage k's late part: the message for micro-batch t - D_k, through a replay of its forward."""
+        s = t - self.D[k]
+        if s < 0:
+            return  # the pipeline is still filling: nothing has come back yet
+        m, r = self.model, self._rings
+        lo, hi = self.stages[k]
+        if k == 0:
+            h = m.embed(r["tokens"][s % (self.D[0] + 1)], ws)
+        else:
+            h = ws.resid[0]
+            h[...] = r[f"input{k}"][s % (self.D[k] + 1)]
+        m.forward_blocks(h, lo, hi, ws)
+        dx = m.backward_blocks(r[f"message{k}"][s % (self.d + 1)], lo, hi, ws)
+        if k == 0:
+            m.embed_backward(ws, dx)
+        elif self.hops == "all":
+            down = r[f"message{k - 1}"][s % (self.d + 1)]
+            if self.a[k]:
+                np.add(dx, r[f"own{k}"][s % (self.D[k] + 1)], out=down)
+            else:
+                down[...] = dx
+
+    def _update(self, t, lr, losses):
+        G, tc = self.model.grad_flat, self.tc
+        norms, skipped = [], False
+        for k in range(self.K):
+            plo, phi = self.ranges[k]
+            slot = self.rgc.slot(0, k)
+            sq = stage_sumsq(G, plo, phi, slot)
+            if self.check_finite(t, sq, losses[k], f"stage {k}"):
+                scale, norm = clip_scale(sq, tc.grad_clip)
+                self.opts[k].step(lr, scale)
+                if scale != 1.0:
+                    slot *= scale
+            else:
+                skipped, norm = True, float("nan")
+                slot[...] = 0.0
+            norms.append(norm)
+        mean = self.rgc.close(0)
+        S = self.S
+        new = self.versions[(t + 1) % (S + 2)]
+        new[...] = self.versions[t % (S + 2)]
+        if not skipped:  # --on-nan skip: a step with a skipped stage leaves the decoder as it was
+            self.opt_dec.step(lr, 1.0, P=new, G=mean)
+        self.version = t + 1
+        self.model.flat[self.dec_lo:self.dec_hi] = new  # evaluation reads the newest decoder
+        self.done.append(StepResult(t, losses[-1], losses, float(np.nanmax(norms)) if not skipped
+                                    else float("nan"), skipped))
+

@@ -1,0 +1,164 @@
+"""pipe-sync: the objective of nbrgc.horizon with the delays of an asynchronous pipeline, run stage by
+stage. Its corners are the schemes it generalises, bit for bit (rgc-sync, rgc-async with staleness S,
+backprop); with no delay it follows the reference gradient of nbrgc.local_loss_and_grad; with a delay
+the late gradients arrive exactly when the documented rule says; and its trajectory does not depend
+on evaluations, checkpoints, stops or resumes."""
+import numpy as np
+import pytest
+
+import nbrgc
+from nbrgc.config import TrainConfig, preset
+from nbrgc.data import Batches
+from nbrgc.errors import CheckpointError, ConfigError
+from nbrgc.model import Model
+from nbrgc.schemes import make_scheme
+from nbrgc.schemes.pipe_sync import delays
+
+from conftest import numba_threads
+from test_pipeline_state import ckpt_steps, keep_up_to, run as run_trainer
+from test_schemes import TINY, TINY4, losses, run, stage_losses
+
+
+def test_corner_rgc_sync(text):
+    kw = dict(cfg=TINY4, steps=10, lr=3e-3, warmup=3, grad_clip=0.5, n_stages=4)
+    with numba_threads(1):
+        ref, m_ref = run("rgc-sync", text, **kw)
+        got, m_got = run("pipe-sync", text, horizon=0, aux_weight=1.0, max_staleness=0, **kw)
+    assert stage_losses(got).tolist() == stage_losses(ref).tolist()
+    assert [r.grad_norm for r in got] == [r.grad_norm for r in ref]
+    assert np.array_equal(m_got.flat, m_ref.flat)
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_corner_rgc_async(text, S):
+    kw = dict(cfg=TINY4, steps=10, lr=3e-3, warmup=3, grad_clip=0.5, n_stages=4, max_staleness=S)
+    ref, m_ref = run("rgc-async", text, stage_threads="1", **kw)
+    with numba_threads(1):
+        got, m_got = run("pipe-sync", text, horizon=0, aux_weight=1.0, **kw)
+    assert stage_losses(got).tolist() == stage_losses(ref).tolist()
+    assert np.array_equal(m_got.flat, m_ref.flat)
+
+
+def test_corner_backprop(text):
+    kw = dict(cfg=TINY4, steps=8, lr=3e-3, warmup=3, grad_clip=0.0)
+    with numba_threads(1):
+        bp, m_bp = run("bp", text, **kw)
+        got, m_got = run("pipe-sync", text, n_stages=4, boundary_delay=0, max_staleness=0, **kw)
+    assert losses(got).tolist() == losses(bp).tolist()
+    assert np.array_equal(m_got.flat, m_bp.flat)
+
+
+@pytest.mark.parametrize("horizon,aux,consensus", [("2", 0.5, "uniform"), ("all", 1.0, "depth"),
+                                                   ("all", 0.25, "uniform"), ("1", 1.0, "last")])
+def test_no_delay_follows_the_reference_gradient(text, horizon, aux, consensus):
+    """rgc-sync with a horizon (no delay, no staleness): the first step's gradient is the reference's;
+    the same holds at every step, checked on a float64 model over several steps."""
+    cfg = TINY4
+    K = 4 if horizon != "2" else 2
+    tc = TrainConfig(mode="rgc-sync", steps=4, batch=2, n_stages=K, horizon=horizon, aux_weight=aux,
+                     consensus=consensus, grad_clip=0.0, lr=1e-3, warmup=1)
+    tc.validate_for(cfg)
+    model = Model(cfg, seed=3, dtype=np.float64)
+    ref = Model(cfg, seed=3, dtype=np.float64)
+    sc = make_scheme(model, tc)
+    batches = Batches(text, 2, 16, seed=0)
+    dlo, dhi = model.layout.decoder_range
+    with numba_threads(1):
+        for t in range(4):
+            x, y = batches.next()
+            ref.flat[...] = model.flat
+            want_losses, _ = nbrgc.local_loss_and_grad(ref, x, y, K, consensus=consensus,
+                                                        horizon=horizon, aux_weight=aux)
+            sc.submit(t, x, y, 1e-3)
+            (res,) = sc.poll()
+            np.testing.assert_allclose(res.stage_losses, want_losses, rtol=1e-13)
+            np.testing.assert_allclose(model.grad_flat[:dlo], ref.grad_flat[:dlo], rtol=1e-10,
+                                       atol=1e-14)
+            np.testing.assert_allclose(sc.rgc.mean, ref.grad_flat[dlo:dhi], rtol=1e-10, atol=1e-14)
+
+
+def test_delays_rule():
+    assert delays(4, "all", 1) == [3, 2, 1, 0]
+    assert delays(4, "all", 2) == [6, 4, 2, 0]
+    assert delays(4, 1, 1) == [1, 1, 1, 0]
+    assert delays(4, 0, 3) == [0, 0, 0, 0]
+
+
+def test_late_gradients_arrive_when_the_rule_says(text):
+    """Pipelined backprop (aux 0): stage k gets no gradient before step D_k, then the true gradient of
+    micro-batch t - D_k; with weights frozen (lr 0) that is exactly the reference gradient of that
+    micro-batch, so the rule is checked against an independent computation."""
+    cfg, K, d = TINY4, 4, 1
+    tc = TrainConfig(mode="pipe-sync", steps=6, batch=2, n_stages=K, boundary_delay=d,
+                     max_staleness=0, grad_clip=0.0, weight_decay=0.0, lr=1e-3, warmup=1)
+    model = Model(cfg, seed=2, dtype=np.float64)
+    ref = Model(cfg, seed=2, dtype=np.float64)
+    sc = make_scheme(model, tc)
+    batches = Batches(text, 2, 16, seed=1)
+    D = delays(K, "all", d)
+    ranges = sc.ranges
+    seen = []
+    with numba_threads(1):
+        for t in range(6):
+            x, y = batches.next()
+            seen.append((x, y))
+            sc.submit(t, x, y, 0.0)  # lr 0: the weights stay where they are
+            sc.poll()
+            for k, (plo, phi) in enumerate(ranges):
+                s = t - D[k]
+                if s < 0:
+                    assert not model.grad_flat[plo:phi].any(), (t, k)
+                    continue
+                nbrgc.local_loss_and_grad(ref, *seen[s], K, horizon="all", aux_weight=0.0)
+                np.testing.assert_allclose(model.grad_flat[plo:phi], ref.grad_flat[plo:phi],
+                                           rtol=1e-10, atol=1e-15)
+
+
+def test_bad_settings_are_one_line_errors():
+    with pytest.raises(ConfigError, match="not 0, one stage"):
+        TrainConfig(mode="pipe-sync", n_stages=4, horizon="3", aux_weight=1).validate_for(
+            preset("tiny", n_layer=8))
+    with pytest.raises(ConfigError, match="no gradient"):
+        TrainConfig(mode="rgc-sync", n_stages=4, horizon="2", aux_weight=0).validate_for(
+            preset("tiny", n_layer=8))
+    with pytest.raises(ConfigError, match="use --mode pipe-sync"):
+        TrainConfig(mode="rgc-async", n_stages=2, horizon="all").validate_for(TINY4)
+    with pytest.raises(ConfigError, match="horizon"):
+        TrainConfig(mode="pipe-sync", horizon="far")
+    with pytest.raises(ConfigError, match="aux_weight"):
+        TrainConfig(mode="pipe-sync", aux_weight=-1)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(horizon="1", aux_weight=1.0, max_staleness=1)],
+                         ids=["pipelined-bp", "one-stage-horizon"])
+def test_cadence_stop_and_resume_leave_the_trajectory(data, tmp_path, kw):
+    kw = dict(mode="pipe-sync", threads=1, stage_threads="auto", boundary_delay=1, **kw)
+    ref, ref_params = run_trainer(data, **kw)
+    got, params = run_trainer(data, out=str(tmp_path / "cad"), eval_every=3, ckpt_every=7, keep=1, **kw)
+    assert got.losses() == ref.losses() and np.array_equal(params, ref_params)
+    full_dir = str(tmp_path / "full")
+    full, full_params = run_trainer(data, out=full_dir, eval_every=6, ckpt_every=5, keep=100, **kw)
+    for n in [s for s in ckpt_steps(full_dir) if s < 40][:4]:
+        d = str(tmp_path / f"from{n}")
+        keep_up_to(full_dir, d, n)
+        again, params = run_trainer(data, out=d, resume=True, eval_every=4, **kw)
+        assert again.losses() == {s: v for s, v in full.losses().items() if s > n}, n
+        assert np.array_equal(params, full_params), n
+    # another delay is another trajectory: refused on resume
+    with pytest.raises(CheckpointError, match="boundary_delay 1, this run has 2"):
+        run_trainer(data, out=full_dir, resume=True, **dict(kw, boundary_delay=2, steps=60))
+
+
+@pytest.fixture(scope="module")
+def data():
+    from nbrgc.data import load_dataset
+    return load_dataset("default", log=None)
+
+
+@pytest.fixture(scope="module")
+def text(request):
+    try:
+        return request.getfixturevalue("enwik6")
+    except pytest.skip.Exception:
+        from nbrgc.data.default import CORPUS_FILE
+        return np.fromfile(CORPUS_FILE, np.uint8)[:100_000]
