@@ -48,8 +48,18 @@ def estimate(cfg, tc, B, T, nt):
             from .threads import cpu_count
             n_ws = resolve_stage_workers(tc, tc.threads or cpu_count())
         out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt, attention=tc.attention)
-        S = tc.max_staleness if tc.mode == "rgc-async" else 0
+        S = tc.max_staleness if tc.mode in ("rgc-async", "pipe-sync") else 0
         out["rgc"] = (S + 1) * K * dec * item + dec * item
+        if tc.mode == "pipe-sync" or (tc.mode == "rgc-sync" and not tc.is_plain_rgc()):
+            from .horizon import loss_weights
+            from .local import split_stages
+            from .schemes.pipe_sync import ring_shapes, stage_horizon
+            hops = stage_horizon(tc.horizon, split_stages(L, K))
+            d_ = tc.boundary_delay if tc.mode == "pipe-sync" else 0
+            rings = ring_shapes(K, hops, loss_weights(K, tc.aux_weight), d_, B, T, d)
+            out["pipe_rings"] = sum((4 if dt else item) * math.prod(shape)
+                                    for shape, dt in rings.values())
+            out["decoder_versions"] = (S + 2) * dec * item
         if tc.mode == "rgc-async":
             out["ring"] = max(K - 1, 1) * (S + 1) * B * T * cfg.d_model * item
             out["decoder_versions"] = (S + 2) * dec * item

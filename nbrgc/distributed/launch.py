@@ -52,6 +52,10 @@ def ranks_on_this_host(comm):
 
 def check_fit(mode, n_ranks, n_stages, batch):
     """One-line refusal of a rank count the run cannot use."""
+    if mode == "pipe-sync":
+        raise ConfigError("--distributed mpi runs bp (data parallel) or rgc-async (stages on ranks); "
+                          "pipe-sync runs in one process (its boundary gradients do not travel "
+                          "between ranks yet)")
     if mode == "rgc-sync":
         raise ConfigError("--distributed mpi runs bp (data parallel) or rgc-async (stages on ranks); "
                           "rgc-async with --max-staleness 0 computes what rgc-sync computes")

@@ -63,6 +63,22 @@ def delays(n_stages, hops, d):
     return [d] * (n_stages - 1) + [0]
 
 
+def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model):
+    """{name: (shape, dtype name)} of the rings a step in flight needs (every one is checkpointed):
+    stage 0's kept tokens, the kept inputs of stages 1..K-2, the messages for stages 0..K-2 and,
+    with ``horizon all``, the own-loss input gradients stages 1..K-2 keep until their late part."""
+    if not hops:
+        return {}
+    K, N, D = n_stages, B * T, delays(n_stages, hops, d)
+    out = {"tokens": ((D[0] + 1, B, T), "int32")}
+    out.update({f"input{k}": ((D[k] + 1, N, d_model), None) for k in range(1, K - 1)})
+    out.update({f"message{k}": ((d + 1, N, d_model), None) for k in range(K - 1)})
+    if hops == "all":
+        out.update({f"own{k}": ((D[k] + 1, N, d_model), None) for k in range(1, K - 1)
+                    if aux_weights[k]})
+    return out
+
+
 class PipeSync(SchemeBase):
     def __init__(self, model, tc, horizon=None, aux_weight=None, staleness=None, delay=None, **_):
         super().__init__(model, tc)
@@ -102,20 +118,9 @@ class PipeSync(SchemeBase):
 
     # ------------------------------------------------------------------ pipeline state
     def _alloc(self, B, T):
-        """The rings a step in flight needs, by name (every one goes into checkpoints)."""
-        N, dm, K, dt = B * T, self.model.cfg.d_model, self.K, self.model.dtype
-        r = {}
-        if self.hops:
-            r["tokens"] = np.zeros((self.D[0] + 1, B, T), np.int32)   # stage 0's kept inputs
-            for k in range(1, K - 1):
-                r[f"input{k}"] = np.zeros((self.D[k] + 1, N, dm), dt)
-            for k in range(K - 1):
-                r[f"message{k}"] = np.zeros((self.d + 1, N, dm), dt)  # for stage k, from k + 1
-            if self.hops == "all":
-                for k in range(1, K - 1):
-                    if self.a[k]:
-                        r[f"own{k}"] = np.zeros((self.D[k] + 1, N, dm), dt)
-        self._rings = r
+        shapes = ring_shapes(self.K, self.hops, self.a, self.d, B, T, self.model.cfg.d_model)
+        self._rings = {name: np.zeros(shape, dt or self.model.dtype)
+                       for name, (shape, dt) in shapes.items()}
         self._shape = (B, T)
 
     def _versions_from_model(self):
