@@ -161,6 +161,8 @@ class TrainConfig:
     horizon: str = None           # blocks below a stage's input its loss reaches: an int or "all"
     aux_weight: float = None      # weight of the stages' own losses beside the last one's
     boundary_delay: int = 1       # pipe-sync: steps a boundary gradient takes per hop
+    delay_warmup: int = 0         # pipe-sync: the first N steps run with no boundary delay
+    replay_weights: str = "current"  # pipe-sync: the late backward replays with current | stashed weights
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -200,6 +202,10 @@ class TrainConfig:
         aux = (0.0 if pipe else 1.0) if self.aux_weight is None else self.aux_weight
         object.__setattr__(self, "aux_weight", _float("aux_weight", aux, 0.0))
         object.__setattr__(self, "boundary_delay", _int("boundary_delay", self.boundary_delay, 0))
+        object.__setattr__(self, "delay_warmup", _int("delay_warmup", self.delay_warmup, 0))
+        if self.replay_weights not in REPLAY_WEIGHTS:
+            raise ConfigError(f"replay_weights must be one of {', '.join(REPLAY_WEIGHTS)}, got "
+                              f"{self.replay_weights!r}")
         if self.mode == "bp" and self.n_stages != 1:
             object.__setattr__(self, "n_stages", 1)
 
@@ -251,6 +257,7 @@ class TrainConfig:
 ATTENTION = ("store", "recompute")
 CONSENSUS = ("uniform", "depth", "last")
 STAGE_INIT = ("standard", "identity")
+REPLAY_WEIGHTS = ("current", "stashed")
 
 
 def check_attention(value):

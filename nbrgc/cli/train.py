@@ -24,7 +24,7 @@ def build_parser():
     from dataclasses import fields
 
     from ..config import (ATTENTION, CONSENSUS, DEFAULT_PRESET, DERIVED_DEFAULTS, MODES, ON_NAN,
-                          PRESET_LR, PRESETS, STAGE_INIT, TrainConfig)
+                          PRESET_LR, PRESETS, REPLAY_WEIGHTS, STAGE_INIT, TrainConfig)
     # every training default is TrainConfig's: the flags only say it
     D = {f.name: f.default for f in fields(TrainConfig)}
 
@@ -71,6 +71,12 @@ def build_parser():
     g.add_argument("--boundary-delay", type=int, default=D["boundary_delay"],
                    help="pipe-sync: steps a boundary gradient takes per hop (1: an asynchronous "
                         "pipeline's; 0: none)")
+    g.add_argument("--delay-warmup", type=int, default=D["delay_warmup"],
+                   help="pipe-sync: the first N steps run with no boundary delay (the pipeline "
+                        "synchronous while Adam's steps are largest)")
+    g.add_argument("--replay-weights", choices=REPLAY_WEIGHTS, default=D["replay_weights"],
+                   help="pipe-sync: the late backward recomputes a stage's forward with its current "
+                        "weights, or with the stashed weights that micro-batch's forward used")
     g.add_argument("--stage-init", choices=STAGE_INIT, default=D["stage_init"],
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
                         "zero, so each later stage starts as the identity of its input")
@@ -162,7 +168,8 @@ def parse(argv=None):
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,
                      max_staleness=a.max_staleness, on_nan=a.on_nan,
                      consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every,
-                     horizon=a.horizon, aux_weight=a.aux_weight, boundary_delay=a.boundary_delay)
+                     horizon=a.horizon, aux_weight=a.aux_weight, boundary_delay=a.boundary_delay,
+                     delay_warmup=a.delay_warmup, replay_weights=a.replay_weights)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":
         from ..config import parse_stage_threads

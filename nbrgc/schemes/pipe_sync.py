@@ -63,10 +63,11 @@ def delays(n_stages, hops, d):
     return [d] * (n_stages - 1) + [0]
 
 
-def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model):
+def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model, stash_sizes=None):
     """{name: (shape, dtype name)} of the rings a step in flight needs (every one is checkpointed):
-    stage 0's kept tokens, the kept inputs of stages 1..K-2, the messages for stages 0..K-2 and,
-    with ``horizon all``, the own-loss input gradients stages 1..K-2 keep until their late part."""
+    stage 0's kept tokens, the kept inputs of stages 1..K-2, the messages for stages 0..K-2,
+    with ``horizon all`` the own-loss input gradients stages 1..K-2 keep until their late part,
+    and with ``stash_sizes`` (parameters per stage) the stashed weights of stages 0..K-2."""
     if not hops:
         return {}
     K, N, D = n_stages, B * T, delays(n_stages, hops, d)
@@ -76,6 +77,8 @@ def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model):
     if hops == "all":
         out.update({f"own{k}": ((D[k] + 1, N, d_model), None) for k in range(1, K - 1)
                     if aux_weights[k]})
+    if stash_sizes is not None:
+        out.update({f"weights{k}": ((D[k] + 1, stash_sizes[k]), None) for k in range(K - 1)})
     return out
 
 
@@ -93,6 +96,8 @@ class PipeSync(SchemeBase):
         self.S = tc.max_staleness if staleness is None else staleness
         self.d = tc.boundary_delay if delay is None else delay
         self.D = delays(K, self.hops, self.d)
+        self.warm = tc.delay_warmup if delay is None else 0  # steps run with no delay
+        self.stash = tc.replay_weights == "stashed" and any(self.D)
         self.ranges = stage_param_ranges(model.layout, self.stages)
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
@@ -118,7 +123,8 @@ class PipeSync(SchemeBase):
 
     # ------------------------------------------------------------------ pipeline state
     def _alloc(self, B, T):
-        shapes = ring_shapes(self.K, self.hops, self.a, self.d, B, T, self.model.cfg.d_model)
+        shapes = ring_shapes(self.K, self.hops, self.a, self.d, B, T, self.model.cfg.d_model,
+                             [hi - lo for lo, hi in self.ranges] if self.stash else None)
         self._rings = {name: np.zeros(shape, dt or self.model.dtype)
                        for name, (shape, dt) in shapes.items()}
         self._shape = (B, T)
@@ -136,6 +142,8 @@ class PipeSync(SchemeBase):
             arrays[f"pipe_{name}"] = ring
         meta.update(pipe={"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
                           "max_staleness": self.S, "boundary_delay": self.d,
+                          "delay_warmup": self.warm,
+                          "replay_weights": "stashed" if self.stash else "current",
                           "shape": list(self._shape) if self._rings else None})
         return arrays, meta
 
@@ -145,7 +153,8 @@ class PipeSync(SchemeBase):
         if saved is None:
             raise CheckpointError("checkpoint has no pipeline state (written by another mode)")
         mine = {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
-                "max_staleness": self.S, "boundary_delay": self.d}
+                "max_staleness": self.S, "boundary_delay": self.d, "delay_warmup": self.warm,
+                "replay_weights": "stashed" if self.stash else "current"}
         for key, value in mine.items():
             if saved.get(key) != value:
                 raise CheckpointError(f"checkpoint was written with {key} {saved.get(key)}, this run "
@@ -181,6 +190,9 @@ class PipeSync(SchemeBase):
     def _forward_own(self, k, t, x, y, ws, pdec):
         m, r, a = self.model, self._rings, self.a[k]
         lo, hi = self.stages[k]
+        if self.stash and k < self.K - 1:  # the weights this micro-batch's forward uses
+            plo, phi = self.ranges[k]
+            r[f"weights{k}"][t % (self.D[k] + 1)] = m.flat[plo:phi]
         if k == 0:
             h = m.embed(x, ws)
             if self.hops:
@@ -210,12 +222,18 @@ class PipeSync(SchemeBase):
         return float(loss)
 
     def _late(self, k, t, ws):
-        """Stage k's late part: the message for micro-batch t - D_k, through a replay of its forward."""
-        s = t - self.D[k]
-        if s < 0:
-            return  # the pipeline is still filling: nothing has come back yet
+        """Stage k's late part: the message for micro-batch t - D_k, through a replay of its forward.
+        During the delay warm-up (t < N) every delay is 0; after it, the micro-batches before N
+        have had their late part already."""
+        s = t if t < self.warm else t - self.D[k]
+        if s < 0 or (t >= self.warm and s < self.warm and self.D[k]):
+            return  # nothing has come back yet for this stage
         m, r = self.model, self._rings
         lo, hi = self.stages[k]
+        if self.stash:  # replay with the weights micro-batch s's forward used
+            plo, phi = self.ranges[k]
+            current = m.flat[plo:phi].copy()
+            m.flat[plo:phi] = r[f"weights{k}"][s % (self.D[k] + 1)]
         if k == 0:
             h = m.embed(r["tokens"][s % (self.D[0] + 1)], ws)
         else:
@@ -231,6 +249,8 @@ class PipeSync(SchemeBase):
                 np.add(dx, r[f"own{k}"][s % (self.D[k] + 1)], out=down)
             else:
                 down[...] = dx
+        if self.stash:
+            m.flat[plo:phi] = current
 
     def _update(self, t, lr, losses):
         G, tc = self.model.grad_flat, self.tc
