@@ -48,10 +48,6 @@ class ModelConfig:
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
 
-    def is_plain_rgc(self):
-        """Whether the objective is RGC's own (horizon 0, aux_weight 1)."""
-        return self.horizon == "0" and self.aux_weight == 1.0
-
     def to_dict(self):
         return asdict(self)
 
@@ -196,8 +192,9 @@ class TrainConfig:
             raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
         pipe = self.mode == "pipe-sync"
         h = ("all" if pipe else "0") if self.horizon is None else str(self.horizon).strip().lower()
-        if h != "all" and not h.isdigit():
-            raise ConfigError(f"horizon must be a number of blocks >= 0 or 'all', got {self.horizon!r}")
+        if h not in ("all", "stage") and not h.isdigit():
+            raise ConfigError(f"horizon must be a number of blocks >= 0, 'stage' or 'all', got "
+                              f"{self.horizon!r}")
         object.__setattr__(self, "horizon", h)
         aux = (0.0 if pipe else 1.0) if self.aux_weight is None else self.aux_weight
         object.__setattr__(self, "aux_weight", _float("aux_weight", aux, 0.0))
@@ -230,8 +227,8 @@ class TrainConfig:
             from .schemes.pipe_sync import stage_horizon
             stages = split_stages(mcfg.n_layer, self.n_stages)
             stage_horizon(self.horizon, stages)
-            check_coverage(mcfg.n_layer, stages, resolve_horizon(self.horizon, mcfg.n_layer),
-                           self.aux_weight)
+            check_coverage(mcfg.n_layer, stages,
+                           resolve_horizon(self.horizon, mcfg.n_layer, self.n_stages), self.aux_weight)
         if self.mode == "rgc-async":
             groups = parse_stage_threads(self.stage_threads, self.n_stages)
             if self.stage_workers > self.n_stages:

@@ -27,17 +27,22 @@ import numpy as np
 from .errors import ConfigError
 
 
-def resolve_horizon(horizon, n_layer):
-    """``horizon`` (an int >= 0, a digit string, or ``"all"``) -> blocks, ``all`` -> n_layer."""
+def resolve_horizon(horizon, n_layer, n_stages=None):
+    """``horizon`` (an int >= 0, a digit string, ``"stage"`` or ``"all"``) -> blocks: ``all`` ->
+    n_layer, ``stage`` -> the blocks of one stage (n_layer / n_stages: one stage back)."""
     if isinstance(horizon, str):
         text = horizon.strip().lower()
         if text == "all":
             return n_layer
+        if text == "stage":
+            if not n_stages:
+                raise ConfigError("horizon 'stage' needs the number of stages")
+            return n_layer // n_stages
         if not text.isdigit():
-            raise ConfigError(f"horizon must be a number of blocks or 'all', got {horizon!r}")
+            raise ConfigError(f"horizon must be a number of blocks, 'stage' or 'all', got {horizon!r}")
         horizon = int(text)
     if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 0:
-        raise ConfigError(f"horizon must be a number of blocks >= 0 or 'all', got {horizon!r}")
+        raise ConfigError(f"horizon must be a number of blocks >= 0, 'stage' or 'all', got {horizon!r}")
     return min(int(horizon), n_layer)
 
 
@@ -98,7 +103,7 @@ def objective_loss_and_grad(model, x, y, n_stages, horizon=0, aux_weight=1.0, co
     L = model.cfg.n_layer
     stages = split_stages(L, n_stages)
     K = len(stages)
-    H = resolve_horizon(horizon, L)
+    H = resolve_horizon(horizon, L, len(stages))
     lam = check_aux_weight(aux_weight)
     check_coverage(L, stages, H, lam)
     a, cut = loss_weights(K, lam), cutoffs(stages, H)

@@ -63,7 +63,7 @@ def build_parser():
                         "(stage k weighted (k+1)/sum), or last (the last stage's alone)")
     g.add_argument("--horizon", default=None,
                    help="rgc-sync, pipe-sync: blocks below a stage's input its loss's gradient "
-                        "reaches: 0 (RGC), one stage's blocks, or all (default: pipe-sync all, "
+                        "reaches: 0 (RGC), stage (one stage back), or all (default: pipe-sync all, "
                         "else 0; docs/schemes.md)")
     g.add_argument("--aux-weight", type=finite_number, default=None,
                    help="rgc-sync, pipe-sync: weight of the earlier stages' losses beside the last "

@@ -42,7 +42,7 @@ def stage_horizon(horizon, stages):
     """The horizon in stages a scheme supports: 0 (none), 1 (one stage back) or "all"."""
     L = stages[-1][1]
     per = stages[0][1] - stages[0][0]
-    H = resolve_horizon(horizon, L)
+    H = resolve_horizon(horizon, L, len(stages))
     if H == 0:
         return 0
     if H >= L - per:  # reaches block 0 from the last stage's input
@@ -90,7 +90,8 @@ class PipeSync(SchemeBase):
         self.hops = stage_horizon(tc.horizon if horizon is None else horizon, self.stages)
         lam = check_aux_weight(tc.aux_weight if aux_weight is None else aux_weight)
         check_coverage(model.cfg.n_layer, self.stages,
-                       resolve_horizon(tc.horizon if horizon is None else horizon, model.cfg.n_layer),
+                       resolve_horizon(tc.horizon if horizon is None else horizon, model.cfg.n_layer,
+                                       K),
                        lam)
         self.a = loss_weights(K, lam)
         self.S = tc.max_staleness if staleness is None else staleness

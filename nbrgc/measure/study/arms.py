@@ -11,6 +11,12 @@ An arm that sets ``depth`` (a fraction) trains the study's model with that fract
 ``bp-quarter`` and ``bp-half`` are diagnostics, not candidates: BP at the depth of one stage of a
 4-stage and of a 2-stage split. Set beside each RGC stage's own read-out they say how much of what
 RGC reaches its first stage reaches alone, and how much its later stages add.
+
+The arms of the schemes between RGC and BP run ``pipe-sync`` (the pipeline's schedule, with its
+delays, in one thread: the bits an asynchronous pipeline gives) and set every field of the objective
+(horizon, aux_weight) and of the delays (max_staleness, boundary_delay, replay_weights,
+delay_warmup_frac: the delay warm-up as a fraction of the run). CROSSES classes each arm by what
+crosses a stage boundary backward: nothing, one hop, or everything, late.
 """
 import math
 
@@ -37,7 +43,22 @@ ARMS = {
     "bp-half": dict(mode="bp", max_staleness=1, consensus="uniform", stage_init="standard",
                     depth=(1, 2)),
 }
+_PIPE = dict(mode="pipe-sync", consensus="uniform", stage_init="standard", boundary_delay=1,
+             replay_weights="current", delay_warmup_frac=0.0)
+ARMS.update({
+    # asynchronous pipelined backprop: every gradient crosses, D_k = K-1-k steps late
+    "pipe": dict(_PIPE, horizon="all", aux_weight=0.0, max_staleness=0),
+    "pipe-stash": dict(_PIPE, horizon="all", aux_weight=0.0, max_staleness=0,
+                       replay_weights="stashed"),
+    # RGC (decoder staleness 1, as rgc-async) whose losses also reach one stage back, one step late
+    "rgc-h1": dict(_PIPE, horizon="stage", aux_weight=1.0, max_staleness=1),
+    # the stage losses as auxiliaries of the late global gradient
+    "rgc-hall": dict(_PIPE, horizon="all", aux_weight=1.0, max_staleness=1),
+})
 DIAGNOSTIC = ("bp-quarter", "bp-half")
+CROSSES = {a: ("everything" if a.startswith("bp") else "nothing") for a in ARMS}
+CROSSES.update({"pipe": "everything, late", "pipe-stash": "everything, late",
+                "rgc-hall": "everything, late", "rgc-h1": "one hop"})
 
 
 def parse_arms(text):
@@ -99,8 +120,12 @@ def train_config(arm, base, seed, lr, steps, eval_every):
     if arm not in ARMS:
         raise ConfigError(f"unknown arm {arm!r}; choose from {', '.join(ARMS)}")
     d = {k: v for k, v in base.items() if k != "warmup_frac"}
-    d.update({k: v for k, v in ARMS[arm].items() if k != "depth"}, seed=int(seed), lr=float(lr), steps=int(steps), eval_every=int(eval_every),
+    spec = ARMS[arm]
+    d.update({k: v for k, v in spec.items() if k not in ("depth", "delay_warmup_frac")},
+             seed=int(seed), lr=float(lr), steps=int(steps), eval_every=int(eval_every),
              warmup=int(round(base.get("warmup_frac", 0.05) * steps)))
+    if "delay_warmup_frac" in spec:
+        d["delay_warmup"] = int(round(spec["delay_warmup_frac"] * steps))
     if d["mode"] == "bp":
         d.update(n_stages=1, stage_threads="auto", stage_workers=0)
     return TrainConfig(**d)

@@ -28,6 +28,16 @@ from .runner import load_result
 PHASES = ("sweep", "main", "all")
 _NOT_IN_KEY = ("log_every", "keep", "ckpt_every", "stage_workers", "attention", "threads",
                "stage_threads")
+# TrainConfig fields added after studies were stored: in a key only where they differ from the
+# value every earlier run had, so that those runs keep their keys
+_KEY_IF_NOT = {"horizon": "0", "aux_weight": 1.0, "boundary_delay": 1, "delay_warmup": 0,
+               "replay_weights": "current"}
+
+
+def key_train_config(tc):
+    """The TrainConfig fields a run's cache key holds."""
+    return {k: v for k, v in tc.to_dict().items()
+            if k not in _NOT_IN_KEY and not (k in _KEY_IF_NOT and v == _KEY_IF_NOT[k])}
 
 
 def fmt_lr(lr):
@@ -165,7 +175,7 @@ class StudyPlan:
         mcfg = model_config(arm, self.mcfg)
         key = {"arm": arm, "phase": phase, "seed": int(seed), "lr": float(lr),
                "model_config": mcfg.to_dict(),
-               "train_config": {k: v for k, v in tc.to_dict().items() if k not in _NOT_IN_KEY},
+               "train_config": key_train_config(tc),
                "data": self.data_id,
                "test": ({"metric": "sliding_bpb", "bytes": self.test_bytes} if phase == "main" else None),
                "code_version": self.fingerprints[arm]}
