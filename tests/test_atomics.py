@@ -12,13 +12,28 @@ from contention import contended, run_threads
 
 
 @numba.njit(nogil=True)
-def _atomic_and_plain_incr(arr, m):
-    """arr[0] by fetch-and-add, arr[1] by a plain read-modify-write, in one loop: when the threads
-    overlap, the plain counter loses increments in the same run (the fetch-and-add, a full barrier,
-    keeps LLVM from folding the plain one into a single ``arr[1] += m``)."""
-    for _ in range(m):
+def _atomic_and_plain_incr(arr, m, progress, me):
+    """arr[0] by fetch-and-add, arr[1] by a plain read-modify-write around it, in one loop that goes
+    on until every thread has done ``m`` (tests/contention.py): the threads overlap by construction
+    and the plain counter loses increments in the same run (the fetch-and-add, a full barrier, keeps
+    LLVM from folding the plain one into a single ``arr[1] += m``). Returns this thread's count."""
+    done = 0
+    while True:
+        v = arr[1]
         atomic_add(arr, 0, 1)
-        arr[1] += 1
+        arr[1] = v + 1
+        done += 1
+        A.store(progress, me, done)
+        if done >= m and _slowest(progress) >= m:
+            return done
+
+
+@numba.njit(nogil=True)
+def _slowest(progress):
+    low = A.load(progress, 0)
+    for j in range(1, progress.size):
+        low = min(low, A.load(progress, j))
+    return low
 
 
 @numba.njit(nogil=True)
@@ -53,17 +68,24 @@ _run_threads = run_threads
 def test_concurrent_fetch_add_exact(dtype):
     """In a run whose plain counter lost increments (so the loops really overlapped), the
     fetch-and-add counter lost none."""
-    n, m = 6, 500_000
+    n, m = 6, 100_000
     arr = np.zeros(2, dtype)
-    _atomic_and_plain_incr(arr, 1)  # compile outside the threads
+    _atomic_and_plain_incr(arr, 1, np.zeros(1, np.int64), 0)  # compile outside the threads
 
     def once():
         arr[:] = 0
-        _run_threads(n, _atomic_and_plain_incr, lambda i: (arr, m))
-        assert int(arr[0]) == n * m
-        return int(arr[1])
+        progress, counts = np.zeros(n, np.int64), np.zeros(n, np.int64)
 
-    contended(once, n * m)
+        def worker(i):
+            counts[i] = _atomic_and_plain_incr(arr, m, progress, i)
+
+        _run_threads(n, worker, lambda i: (i,))
+        total = int(counts.sum())  # well inside int32
+        assert counts.min() >= m
+        assert int(arr[0]) == total
+        return int(arr[1]), total
+
+    contended(once)
 
 
 def test_fetch_add_returns_distinct_old_values():

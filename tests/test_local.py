@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 import nbrgc
 from nbrgc.config import ModelConfig
 from nbrgc.errors import ConfigError
-from nbrgc.kernels.atomics import fetch_add
+from nbrgc.kernels.atomics import fetch_add, load, store
 from nbrgc.local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
 from nbrgc.model import Model
 from nbrgc.testing import check_grad, central_diff, seeds
@@ -242,41 +242,52 @@ def test_rgc_buffer_from_threads(K, n_rounds):
 
 
 @numba.njit(nogil=True)
-def _post_many(counters, r, K, n, plain):
-    """``n`` posts to round r the way RGCBuffer.post makes them (fetch-and-add, the completing poster
-    is the one that saw K-1), from compiled code without the GIL so that posts from several threads
-    really collide; ``plain[0]`` is a non-atomic control counter bumped beside each post."""
-    closes = 0
-    for _ in range(n):
+def _post_many(counters, r, K, n, plain, progress, me):
+    """Posts to round r the way RGCBuffer.post makes them (fetch-and-add, the completing poster is
+    the one that saw K-1), from compiled code without the GIL, until every thread has made ``n``
+    (tests/contention.py: the posts overlap by construction); ``plain[0]`` is a non-atomic control
+    counter read before and written after each post. Returns (closes, posts) of this thread."""
+    closes = done = 0
+    while True:
+        v = plain[0]
         if fetch_add(counters, r, 1) == K - 1:
             closes += 1
-        plain[0] += 1
-    return closes
+        plain[0] = v + 1
+        done += 1
+        store(progress, me, done)
+        if done >= n:
+            low = load(progress, 0)
+            for j in range(1, progress.size):
+                low = min(low, load(progress, j))
+            if low >= n:
+                return closes, done
 
 
 def test_rgc_counter_is_atomic_under_contention():
     """Threads posting into one round at once, in nogil loops: no post is lost, and exactly one post
     ever sees the counter at K-1 (not reset here, so it passes K-1 only once), in a run whose plain
     control counter lost increments (the posts really overlapped)."""
-    K, per_thread, n_threads = 4, 200_000, 4
+    K, per_thread, n_threads = 4, 50_000, 4
     buf = RGCBuffer(K, 1, np.float64)
     plain = np.zeros(1, np.int64)
-    _post_many(np.zeros(1, np.int64), 0, K, 1, plain)  # compile outside the threads
+    _post_many(np.zeros(1, np.int64), 0, K, 1, plain, np.zeros(1, np.int64), 0)  # compile first
 
     def once():
         buf.counters[:] = 0
         plain[0] = 0
-        closes = np.zeros(n_threads, np.int64)
+        closes, posts = np.zeros(n_threads, np.int64), np.zeros(n_threads, np.int64)
+        progress = np.zeros(n_threads, np.int64)
 
         def worker(k):
-            closes[k] = _post_many(buf.counters, 0, K, per_thread, plain)
+            closes[k], posts[k] = _post_many(buf.counters, 0, K, per_thread, plain, progress, k)
 
         run_threads(n_threads, worker, lambda k: (k,))
-        assert buf.counters[0] == n_threads * per_thread
+        assert posts.min() >= per_thread
+        assert buf.counters[0] == posts.sum()
         assert closes.sum() == 1
-        return int(plain[0])
+        return int(plain[0]), int(posts.sum())
 
-    contended(once, n_threads * per_thread)
+    contended(once)
     # and RGCBuffer.post itself counts through the same counter
     buf.counters[:] = 0
     assert [buf.post(0, k) for k in range(K)] == [False] * (K - 1) + [True]
