@@ -3,8 +3,18 @@ local training with Readout-Gradient Consensus (RGC).
 
 The thread-safe threading layer is selected here, before any kernel compiles.
 """
+import importlib.util as _ilu
 import os as _os
 import sys as _sys
+
+_MISSING = [m for m in ("numpy", "numba", "scipy", "tqdm", "threadpoolctl") if _ilu.find_spec(m) is None]
+if _MISSING:
+    _msg = (f"nbrgc needs {', '.join(_MISSING)}, not installed for {_sys.executable}: run "
+            f"'pip install -e .' in {_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))}")
+    if _os.path.basename(_sys.argv[0] or "").startswith("nbrgc-"):
+        _sys.stderr.write(f"error: {_msg}\n")
+        raise SystemExit(2)
+    raise ImportError(_msg)
 
 from .errors import NbrgcError as _NbrgcError
 from .threads import select_layer as _select_layer

@@ -438,3 +438,17 @@ def test_default_run_keeps_a_fresh_folder_and_ends_with_a_sample(tmp_path):
     assert len(list(runs.iterdir())) == 2
     one_line_error(run("train", "--no-save", "--out", tmp_path / "x"))
     one_line_error(run("train", "--sample", "-1"))
+
+
+def test_tools_without_their_dependencies_say_what_to_install():
+    """bin/* before `pip install`: one line naming what is missing and the command, no traceback
+    (``-S``: a Python without site-packages, so without numpy and numba)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for tool in ("nbrgc-train", "nbrgc-eval"):
+        p = subprocess.run([sys.executable, "-S", os.path.join(root, "bin", tool)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "numpy" in lines[0] and "pip install -e ." in lines[0], p.stderr
