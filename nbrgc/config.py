@@ -159,6 +159,7 @@ class TrainConfig:
     boundary_delay: int = 1       # pipe-sync: steps a boundary gradient takes per hop
     delay_warmup: int = 0         # pipe-sync: the first N steps run with no boundary delay
     replay_weights: str = "current"  # pipe-sync: the late backward replays with current | stashed weights
+    readout_blocks: int = 0       # rgc-sync, pipe-sync: private blocks before each stage's readout
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -200,6 +201,7 @@ class TrainConfig:
         object.__setattr__(self, "aux_weight", _float("aux_weight", aux, 0.0))
         object.__setattr__(self, "boundary_delay", _int("boundary_delay", self.boundary_delay, 0))
         object.__setattr__(self, "delay_warmup", _int("delay_warmup", self.delay_warmup, 0))
+        object.__setattr__(self, "readout_blocks", _int("readout_blocks", self.readout_blocks, 0))
         if self.replay_weights not in REPLAY_WEIGHTS:
             raise ConfigError(f"replay_weights must be one of {', '.join(REPLAY_WEIGHTS)}, got "
                               f"{self.replay_weights!r}")
@@ -218,9 +220,12 @@ class TrainConfig:
         if self.mode != "bp" and mcfg.n_layer % self.n_stages:
             raise ConfigError(f"n_stages ({self.n_stages}) must divide n_layer ({mcfg.n_layer})")
         if self.mode == "rgc-async" and not self.is_plain_rgc():
-            raise ConfigError("rgc-async sends no gradient across a boundary: for --horizon and "
-                              "--aux-weight use --mode pipe-sync (the pipeline's schedule in one "
-                              "thread, --max-staleness as rgc-async's)")
+            raise ConfigError("rgc-async runs RGC's own objective: for --horizon, --aux-weight and "
+                              "--readout-blocks use --mode pipe-sync (the pipeline's schedule in "
+                              "one thread, --max-staleness as rgc-async's)")
+        if self.mode == "bp" and self.readout_blocks:
+            raise ConfigError("readout blocks serve the stages of rgc-sync and pipe-sync; bp has one "
+                              "readout, the full network's")
         if self.mode in ("rgc-sync", "pipe-sync") and self.n_stages > 1:
             from .horizon import check_coverage, resolve_horizon
             from .local import split_stages
@@ -239,8 +244,8 @@ class TrainConfig:
         return seq
 
     def is_plain_rgc(self):
-        """Whether the objective is RGC's own (horizon 0, aux_weight 1)."""
-        return self.horizon == "0" and self.aux_weight == 1.0
+        """Whether the objective is RGC's own (horizon 0, aux_weight 1, no readout blocks)."""
+        return self.horizon == "0" and self.aux_weight == 1.0 and not self.readout_blocks
 
     def to_dict(self):
         return asdict(self)

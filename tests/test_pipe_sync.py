@@ -129,8 +129,9 @@ def test_bad_settings_are_one_line_errors():
         TrainConfig(mode="pipe-sync", aux_weight=-1)
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(horizon="1", aux_weight=1.0, max_staleness=1)],
-                         ids=["pipelined-bp", "one-stage-horizon"])
+@pytest.mark.parametrize("kw", [dict(), dict(horizon="1", aux_weight=1.0, max_staleness=1),
+                                dict(horizon="0", aux_weight=1.0, readout_blocks=1)],
+                         ids=["pipelined-bp", "one-stage-horizon", "readout-blocks"])
 def test_cadence_stop_and_resume_leave_the_trajectory(data, tmp_path, kw):
     kw = dict(mode="pipe-sync", threads=1, stage_threads="auto", boundary_delay=1, **kw)
     ref, ref_params = run_trainer(data, **kw)
@@ -219,3 +220,47 @@ def test_delay_warmup(text):
             for k, (plo, phi) in enumerate(sc.ranges):
                 idle = N <= t < N + D[k]
                 assert model.grad_flat[plo:phi].any() != idle, (t, k)
+
+
+@pytest.mark.parametrize("K,N", [(2, 1), (4, 2)])
+def test_readout_block_gradients_vs_finite_differences(K, N):
+    """Stage k < K-1 reads its loss through N private blocks: its own parameters and those blocks get
+    the gradient of that loss alone (float64 central differences of an independent forward); the last
+    stage reads the decoder directly; evaluation ignores the readout blocks."""
+    from nbrgc.testing import check_grad
+    from test_local import _model
+    model = _model(4, 11)
+    tc = TrainConfig(mode="rgc-sync", steps=1, batch=2, n_stages=K, readout_blocks=N, grad_clip=0.0,
+                     lr=1e-3, warmup=0, weight_decay=0.0)
+    sc = make_scheme(model, tc)
+    ro = sc.readout
+    ro.model.flat += 0.1 * np.random.default_rng(3).standard_normal(ro.model.flat.shape)
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 24, (2, 5)).astype(np.int32)
+    y = rng.integers(0, 24, (2, 5)).astype(np.int32)
+
+    def loss_k(k):
+        hi = sc.stages[k][1]
+        ws = model.workspace(2, 5, 0, hi)
+        h = model.forward_blocks(model.embed(x, ws), 0, hi, ws)
+        if k < K - 1:
+            wr = ro.model.workspace(2, 5, 0, N, decoder=False)
+            h = ro.model.forward_blocks(h, k * N, (k + 1) * N, wr)
+        return float(model.decoder_loss(h, y, ws))
+
+    with numba_threads(1):
+        sc.submit(0, x, y, 0.0)  # lr 0: the gradients stay in place, the weights do not move
+        (res,) = sc.poll()
+        G, R = model.grad_flat.copy(), ro.model.grad_flat.copy()
+        np.testing.assert_allclose(res.stage_losses, [loss_k(k) for k in range(K)], rtol=1e-12)
+        for k, (plo, phi) in enumerate(sc.ranges):
+            check_grad(lambda _, k=k: loss_k(k), [model.flat[plo:phi]], [G[plo:phi]], n_proj=2,
+                       n_coords=3, seed=k)
+            if k < K - 1:
+                rlo, rhi = ro.ranges[k]
+                check_grad(lambda _, k=k: loss_k(k), [ro.model.flat[rlo:rhi]], [R[rlo:rhi]],
+                           n_proj=2, n_coords=3, seed=10 + k)
+        from nbrgc.evaluate import evaluate
+        ev = evaluate(model, [(x, y)], sc.stages, model.workspace(2, 5, 0, 4 // K))
+        plain = nbrgc.local_loss_and_grad(model, x, y, K)[0]
+        np.testing.assert_allclose(np.array(ev["val_stage_bpb"]) * np.log(2), plain, rtol=1e-12)

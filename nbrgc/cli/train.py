@@ -77,6 +77,9 @@ def build_parser():
     g.add_argument("--replay-weights", choices=REPLAY_WEIGHTS, default=D["replay_weights"],
                    help="pipe-sync: the late backward recomputes a stage's forward with its current "
                         "weights, or with the stashed weights that micro-batch's forward used")
+    g.add_argument("--readout-blocks", type=int, default=D["readout_blocks"],
+                   help="rgc-sync, pipe-sync: private blocks between each stage but the last and "
+                        "the shared decoder, trained by that stage's loss alone, never evaluated")
     g.add_argument("--stage-init", choices=STAGE_INIT, default=D["stage_init"],
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
                         "zero, so each later stage starts as the identity of its input")
@@ -169,7 +172,8 @@ def parse(argv=None):
                      max_staleness=a.max_staleness, on_nan=a.on_nan,
                      consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every,
                      horizon=a.horizon, aux_weight=a.aux_weight, boundary_delay=a.boundary_delay,
-                     delay_warmup=a.delay_warmup, replay_weights=a.replay_weights)
+                     delay_warmup=a.delay_warmup, replay_weights=a.replay_weights,
+                     readout_blocks=a.readout_blocks)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":
         from ..config import parse_stage_threads

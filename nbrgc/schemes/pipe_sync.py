@@ -109,9 +109,14 @@ class PipeSync(SchemeBase):
         self.versions = np.zeros((self.S + 2, self.dec_hi - self.dec_lo), model.dtype)
         self.version = None          # the newest version (None: not yet taken from the model)
         self._ws = self._rings = None
+        self.readout, self.ro_opts = None, []
+        if tc.readout_blocks and K > 1:
+            from .readout import Readout
+            self.readout = Readout(model, K, tc.readout_blocks, tc.seed)
+            self.ro_opts = self.readout.optimizers(tc)
 
     def optimizers(self):
-        return self.opts + [self.opt_dec]
+        return self.opts + [self.opt_dec] + self.ro_opts
 
     def eval_workspace(self, B, T):
         return self._workspace(B, T)
@@ -141,10 +146,13 @@ class PipeSync(SchemeBase):
         arrays["decoder_versions"] = self.versions
         for name, ring in (self._rings or {}).items():
             arrays[f"pipe_{name}"] = ring
+        if self.readout is not None:
+            arrays.update(self.readout.state())
         meta.update(pipe={"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
                           "max_staleness": self.S, "boundary_delay": self.d,
                           "delay_warmup": self.warm,
                           "replay_weights": "stashed" if self.stash else "current",
+                          "readout_blocks": self.readout.N if self.readout else 0,
                           "shape": list(self._shape) if self._rings else None})
         return arrays, meta
 
@@ -155,13 +163,16 @@ class PipeSync(SchemeBase):
             raise CheckpointError("checkpoint has no pipeline state (written by another mode)")
         mine = {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
                 "max_staleness": self.S, "boundary_delay": self.d, "delay_warmup": self.warm,
-                "replay_weights": "stashed" if self.stash else "current"}
+                "replay_weights": "stashed" if self.stash else "current",
+                "readout_blocks": self.readout.N if self.readout else 0}
         for key, value in mine.items():
             if saved.get(key) != value:
                 raise CheckpointError(f"checkpoint was written with {key} {saved.get(key)}, this run "
                                       f"has {value} (resume with the same settings)")
         self.versions[...] = arrays["decoder_versions"]
         self.version = int(meta["step"])
+        if self.readout is not None:
+            self.readout.load_state(arrays)
         if saved.get("shape"):
             self._alloc(*saved["shape"])
             for name, ring in self._rings.items():
@@ -182,6 +193,10 @@ class PipeSync(SchemeBase):
             plo, phi = self.ranges[k]
             G[plo:phi] = 0.0
             self.rgc.slot(0, k)[...] = 0.0
+            if self.readout is not None and k < K - 1:
+                self.readout.zero_grad(k)
+        if self.readout is not None:
+            self.readout.shape(*x.shape)
         losses = [self._forward_own(k, t, x, y, ws, pdec) for k in range(K)]
         if self.hops:
             for k in range(K - 2, -1, -1):
@@ -206,13 +221,17 @@ class PipeSync(SchemeBase):
         out = m.forward_blocks(h, lo, hi, ws)
         if k + 1 < self.K:
             self._next_input = out.copy()  # taken before this stage's buffers are reused
+        ro = self.readout if k < self.K - 1 else None
+        read = out if ro is None else ro.forward(k, out)  # what the decoder reads
         if a == 0.0 and self.cw is not None and self.cw[k] == 0.0:
-            return float(m.decoder_loss(out, y, ws, pdec=pdec))  # reported, not trained on
-        loss, dh = m.decoder_loss_and_grad(out, y, ws, gdec=self.rgc.slot(0, k), pdec=pdec)
+            return float(m.decoder_loss(read, y, ws, pdec=pdec))  # reported, not trained on
+        loss, dh = m.decoder_loss_and_grad(read, y, ws, gdec=self.rgc.slot(0, k), pdec=pdec)
         if a == 0.0:
             return float(loss)
         if a != 1.0:
             dh *= dh.dtype.type(a)
+        if ro is not None:
+            dh = ro.backward(k, dh)
         dx = m.backward_blocks(dh, lo, hi, ws)
         if k == 0:
             m.embed_backward(ws, dx)
@@ -260,9 +279,14 @@ class PipeSync(SchemeBase):
             plo, phi = self.ranges[k]
             slot = self.rgc.slot(0, k)
             sq = stage_sumsq(G, plo, phi, slot)
+            ro = self.readout is not None and k < self.K - 1
+            if ro:
+                sq += self.readout.sumsq(k)
             if self.check_finite(t, sq, losses[k], f"stage {k}"):
                 scale, norm = clip_scale(sq, tc.grad_clip)
                 self.opts[k].step(lr, scale)
+                if ro:
+                    self.ro_opts[k].step(lr, scale)
                 if scale != 1.0:
                     slot *= scale
             else:

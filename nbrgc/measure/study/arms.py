@@ -44,7 +44,7 @@ ARMS = {
                     depth=(1, 2)),
 }
 _PIPE = dict(mode="pipe-sync", consensus="uniform", stage_init="standard", boundary_delay=1,
-             replay_weights="current", delay_warmup_frac=0.0)
+             replay_weights="current", delay_warmup_frac=0.0, readout_blocks=0)
 ARMS.update({
     # asynchronous pipelined backprop: every gradient crosses, D_k = K-1-k steps late
     "pipe": dict(_PIPE, horizon="all", aux_weight=0.0, max_staleness=0),
@@ -54,6 +54,8 @@ ARMS.update({
     "rgc-h1": dict(_PIPE, horizon="stage", aux_weight=1.0, max_staleness=1),
     # the stage losses as auxiliaries of the late global gradient
     "rgc-hall": dict(_PIPE, horizon="all", aux_weight=1.0, max_staleness=1),
+    # RGC with one private block in front of each earlier stage's readout
+    "rgc-readout": dict(_PIPE, horizon="0", aux_weight=1.0, max_staleness=1, readout_blocks=1),
 })
 DIAGNOSTIC = ("bp-quarter", "bp-half")
 CROSSES = {a: ("everything" if a.startswith("bp") else "nothing") for a in ARMS}
