@@ -16,7 +16,7 @@ from nbrgc.schemes.pipe_sync import delays
 
 from conftest import numba_threads
 from test_pipeline_state import ckpt_steps, keep_up_to, run as run_trainer
-from test_schemes import TINY, TINY4, losses, run, stage_losses
+from test_schemes import TINY4, losses, run, stage_losses
 
 
 def test_corner_rgc_sync(text):

@@ -180,7 +180,7 @@ class PipeSync(SchemeBase):
 
     # ------------------------------------------------------------------ one step
     def submit(self, step, x, y, lr):
-        m, tc, K, t = self.model, self.tc, self.K, step
+        m, K, t = self.model, self.K, step
         x, y = m.check_batch(x, y)
         ws = self._workspace(*x.shape)
         if self._rings is None or self._shape != x.shape:

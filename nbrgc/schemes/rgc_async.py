@@ -29,7 +29,8 @@ checkpoints, stops and resumes leave the trajectory exactly as an uninterrupted 
 A checkpoint between evaluations need not even pause: :meth:`RGCAsync.snapshot` has the workers
 copy the state at a boundary while they run on (:mod:`nbrgc.schemes.snapshot`).
 
-Waiting uses one Condition with short timeouts, so a failing stage stops every other promptly.
+The worker threads, waits, freezing and shutdown are :mod:`nbrgc.schemes.runtime`'s; this module is
+RGC's rule on it: what a stage does at step t (:meth:`RGCAsync._stage_step`), its buffers and state.
 """
 import queue
 import threading
@@ -38,25 +39,19 @@ import time
 import numpy as np
 
 from ..config import parse_stage_threads, resolve_stage_workers, worker_groups
-from ..errors import NbrgcError, StageError
+from ..errors import NbrgcError
 from ..kernels.atomics import fetch_add
 from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward, stage_param_ranges,
                      stage_sumsq)
 from ..optim import clip_scale
-from ..threads import cpu_count, set_threads
+from ..threads import cpu_count
 from . import StepResult
 from .autotune import stage_groups
 from .common import SchemeBase
+from .runtime import _WAIT, StageRuntime, _Stopped
 from .snapshot import Snapshot
 
-_WAIT = 0.05
-
-
-class _Stopped(Exception):
-    pass
-
-
-class RGCAsync(SchemeBase):
+class RGCAsync(StageRuntime, SchemeBase):
     def __init__(self, model, tc, fault_hook=None, log=None, **_):
         super().__init__(model, tc)
         self.K = tc.n_stages
@@ -151,12 +146,6 @@ class RGCAsync(SchemeBase):
             self.groups = stage_groups(self.model, self.stages, self.budget, self.W, B, T, self.log)
         return self.groups
 
-    def worker_stages(self, w):
-        return self.local_stages[w::self.W]
-
-    def worker_of(self, k):
-        return (k - self.local_stages[0]) % self.W
-
     def _start(self, step0, B, T):
         self.tune(B, T)
         if self._buffers is None or self._buffers["shape"] != (B, T):
@@ -201,35 +190,6 @@ class RGCAsync(SchemeBase):
                 continue
         self.submitted += 1
 
-    def poll(self):
-        out = []
-        while True:
-            try:
-                out.append(self.results.get_nowait())
-            except queue.Empty:
-                break
-        if out:
-            self.next_result = out[-1].step + 1  # rounds close in order
-        self._raise_if_failed()
-        return out
-
-    def results_through(self, step):
-        """The results not yet returned, up to that of step ``step - 1`` (waiting for it, which
-        needs only submitted steps): an evaluation of boundary ``step`` is reported after them."""
-        out = []
-        while self.next_result < step:
-            self._raise_if_failed()
-            try:
-                res = self.results.get(timeout=_WAIT)
-            except queue.Empty:
-                if not self._threads:
-                    break
-                continue
-            out.append(res)
-            self.next_result = res.step + 1
-        self._raise_if_failed()
-        return out
-
     def drain(self):
         """Wait for every submitted step and publish the newest decoder to the model. The workers stay:
         each waits for its next input, so the pipeline resumes where it paused."""
@@ -254,144 +214,7 @@ class RGCAsync(SchemeBase):
             self._snap_buf = Snapshot(self)
         return self._snap_buf.request(step)
 
-    def freeze(self):
-        """Hold every worker where it computes nothing (before a stage step, or waiting on an
-        earlier step) and return a workspace no worker is using, for an evaluation on the whole
-        thread budget while the pipeline stays full. The workers' next steps are the ones they
-        would have run anyway, so the trajectory is unchanged; :meth:`unfreeze` lets them go on.
-
-        A free workspace exists once all are held: the worker of the earliest unfinished
-        (step, stage) waits on nothing earlier, so it is held before that step, not inside it."""
-        with self.cond:
-            self.freezing = True
-            self.cond.notify_all()
-            while True:
-                if self.stop or not self._threads:
-                    self.freezing = False
-                    break
-                ws = self._held_workspace()
-                if ws is not None:
-                    return ws
-                self.cond.wait(_WAIT)
-        self._raise_if_failed()
-        raise NbrgcError("rgc-async: the workers stopped while the pipeline was being frozen")
-
-    def unfreeze(self):
-        with self.cond:
-            self.freezing = False
-            self.cond.notify_all()
-
-    def _held_workspace(self):
-        """Under ``self.cond``: a free worker's workspace once every worker is held, else None."""
-        free = None
-        for w, where in enumerate(self._where):
-            if where is None:
-                return None  # computing
-            if isinstance(where, tuple):
-                pred, holds_ws = where
-                if pred():
-                    return None  # about to go on
-                if holds_ws:
-                    continue
-            if free is None:
-                free = w
-        if free is None:  # pragma: no cover - excluded by the argument in freeze's docstring
-            raise NbrgcError("rgc-async: every worker holds its workspace while frozen")
-        return self._buffers["ws"][free]
-
-    def _park(self, w):
-        """Where a worker may be held by :meth:`freeze`: before a stage step."""
-        with self.cond:
-            if self.freezing:
-                self._where[w] = "parked"
-                self.cond.notify_all()
-                while self.freezing:
-                    if self.stop:
-                        raise _Stopped
-                    self.cond.wait(_WAIT)
-            self._where[w] = None
-
-    def close(self):
-        self._shutdown()
-
-    def _shutdown(self):
-        with self.cond:
-            self.stop = True
-            self.cond.notify_all()
-        inq = getattr(self, "_inq", None)
-        if inq is not None:  # wake stage 0 at once rather than at its next poll (up to _WAIT later)
-            try:
-                inq.put_nowait(None)
-            except queue.Full:
-                pass  # then stage 0 is not blocked on it
-        deadline = time.monotonic() + 10.0
-        for th in self._threads:
-            th.join(timeout=max(0.0, deadline - time.monotonic()))
-        alive = [th.name for th in self._threads if th.is_alive()]
-        self._threads = []
-        if alive:  # pragma: no cover - a kernel that never returns
-            raise NbrgcError(f"rgc-async workers did not stop: {', '.join(alive)}")
-
-    def _raise_if_failed(self):
-        if self.error is not None:
-            k, exc = self.error
-            self.error = None
-            self._shutdown()
-            raise StageError(k, exc) from exc
-
-    def _wait(self, pred, k, holds_ws=True):
-        """Wait for ``pred`` (on an earlier step). ``holds_ws``: whether the worker's workspace is
-        in use meanwhile (a :meth:`freeze` may lend it out only if not)."""
-        t0 = time.perf_counter()
-        w = self.worker_of(k)
-        try:
-            with self.cond:
-                if not pred():
-                    self._where[w] = (pred, holds_ws)
-                    if self.freezing:
-                        self.cond.notify_all()
-                    while not pred():
-                        if self.stop:
-                            raise _Stopped
-                        self.cond.wait(_WAIT)
-                    self._where[w] = None
-                if self.stop:
-                    raise _Stopped
-        finally:
-            self.stage_wait_s[k] += time.perf_counter() - t0
-
-    def stage_profile(self):
-        """{"step_s", "wait_s", "busy_frac"} per stage since the workers last started: where the
-        pipeline's time went (a stage that is rarely busy waits on a slower neighbour)."""
-        step, wait = list(self.stage_step_s), list(self.stage_wait_s)
-        return {"step_s": step, "wait_s": wait,
-                "busy_frac": [(s - w) / s if s > 0 else None for s, w in zip(step, wait)]}
-
-    # ------------------------------------------------------------------ the stage loop
-    def _worker(self, w):
-        k = w  # the stage a failure is reported against (the one running, once one runs)
-        try:
-            mine = self.worker_stages(w)
-            set_threads(self.groups[mine[0]])
-            t = self.started_at
-            while True:
-                for k in mine:
-                    self._park(w)
-                    t0 = time.perf_counter()
-                    try:
-                        self._stage_step(k, t)
-                    finally:
-                        self.stage_step_s[k] += time.perf_counter() - t0
-                t += 1
-        except _Stopped:
-            return
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread with the stage named
-            with self.cond:
-                if self.error is None:
-                    self.error = (k, exc)
-                self.stop = True
-                self.cond.notify_all()
-
+    # ------------------------------------------------------------------ the stage rule
     def _stage_step(self, k, t):
         m, b, S, K, tc = self.model, self._buffers, self.S, self.K, self.tc
         ws = b["ws"][self.worker_of(k)]
