@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 
 from . import checkpoint as ckpt
-from .atomic import write_json
 from .boundary import BackgroundBoundaries
 from .clock import TrainingClock
+from .runfolder import prepare_run_folder
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, NbrgcError
 from .evaluate import LN2, evaluate
@@ -31,8 +31,6 @@ from .model import Model
 from .optim import lr_at
 from .schemes import make_scheme
 from .threads import busy_note, cpu_count, describe, limit_blas, set_threads
-
-CONFIG_FILE = "run.json"
 
 
 @dataclass
@@ -119,40 +117,10 @@ class Trainer:
                 "n_stages": self.tc.n_stages, "batch": self.tc.batch, "seq": self.seq, "seed": self.tc.seed}
 
     def _prepare_out(self):
-        if self.out is None:
-            return
-        try:
-            os.makedirs(self.out, exist_ok=True)
-        except OSError as exc:
-            raise NbrgcError(f"cannot use {self.out} as the run folder: {exc.strerror or exc}") from None
-        path = os.path.join(self.out, CONFIG_FILE)
-        mine = {"model_config": self.mcfg.to_dict(), "train_config": self.tc.to_dict(),
-                "data": self.data_spec or self.data.name}
-        if os.path.exists(path) and not self.force:
-            try:
-                with open(path) as f:
-                    theirs = json.load(f)
-                if not isinstance(theirs, dict):
-                    raise ValueError
-            except (OSError, ValueError):
-                raise NbrgcError(f"{path} is unreadable; pass --force to start a new run there") from None
-            if not self.resume:
-                raise NbrgcError(f"{self.out} already holds a run; pass --resume to continue it or "
-                                 "--force to start over")
-            for key in ("model_config",):
-                if theirs.get(key) != mine[key]:
-                    raise NbrgcError(f"{self.out} holds a run with another {key.replace('_', ' ')}; "
-                                     "use another --out or --force")
-        if self.force and not self.resume:  # starting over: a later --resume must not find the old run
-            old = ckpt.list_checkpoints(self.out)
-            for p in old:
-                try:
-                    os.remove(p)
-                except OSError as exc:
-                    raise NbrgcError(f"--force: cannot remove {p}: {exc.strerror or exc}") from None
-            if old:
-                self.info(f"--force: removed {len(old)} checkpoint(s) of the previous run in {self.out}")
-        write_json(path, mine)
+        if self.out is not None:
+            mine = {"model_config": self.mcfg.to_dict(), "train_config": self.tc.to_dict(),
+                    "data": self.data_spec or self.data.name}
+            prepare_run_folder(self.out, mine, self.resume, self.force, self.info)
 
     def _check_memory(self, nt):
         est = estimate(self.mcfg, self.tc, self.tc.batch, self.seq, nt)
