@@ -158,7 +158,7 @@ class TrainConfig:
     aux_weight: float = None      # weight of the stages' own losses beside the last one's
     boundary_delay: int = 1       # pipe-sync: steps a boundary gradient takes per hop
     delay_warmup: int = 0         # pipe-sync: the first N steps run with no boundary delay
-    replay_weights: str = "current"  # pipe-sync: the late backward replays with current | stashed weights
+    replay_weights: str = "current"  # pipe-sync: current | stashed | predicted (nbrgc.schemes.pipe_sync)
     readout_blocks: int = 0       # rgc-sync, pipe-sync: private blocks before each stage's readout
 
     def __post_init__(self):
@@ -259,7 +259,7 @@ class TrainConfig:
 ATTENTION = ("store", "recompute")
 CONSENSUS = ("uniform", "depth", "last")
 STAGE_INIT = ("standard", "identity")
-REPLAY_WEIGHTS = ("current", "stashed")
+REPLAY_WEIGHTS = ("current", "stashed", "predicted")
 
 
 def check_attention(value):

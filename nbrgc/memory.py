@@ -57,10 +57,11 @@ def estimate(cfg, tc, B, T, nt):
             hops = stage_horizon(tc.horizon, split_stages(L, K))
             d_ = tc.boundary_delay if tc.mode == "pipe-sync" else 0
             stash = None
-            if tc.mode == "pipe-sync" and tc.replay_weights == "stashed":
+            if tc.mode == "pipe-sync" and tc.replay_weights != "current":
                 blocks = per * (12 * d * d + 13 * d)
                 stash = [blocks + (V + cfg.ctx) * d * (k == 0) for k in range(K)]
-            rings = ring_shapes(K, hops, loss_weights(K, tc.aux_weight), d_, B, T, d, stash)
+            rings = ring_shapes(K, hops, loss_weights(K, tc.aux_weight), d_, B, T, d, stash,
+                                tc.replay_weights == "predicted")
             out["pipe_rings"] = sum((4 if dt else item) * math.prod(shape)
                                     for shape, dt in rings.values())
             out["decoder_versions"] = (S + 2) * dec * item

@@ -165,14 +165,17 @@ def text(request):
         return np.fromfile(CORPUS_FILE, np.uint8)[:100_000]
 
 
-def test_stashed_weights_give_the_exact_delayed_gradient(text):
+@pytest.mark.parametrize("replay", ["stashed", "predicted"])
+def test_stashed_weights_give_the_exact_delayed_gradient(text, replay):
     """With every stage replaying on the weights its micro-batch's forward used, stage k's gradient at
     step t is the true gradient of micro-batch s = t - D_k at the parameters of step s (decoupled
     backprop with delayed gradients), checked against the reference at the recorded parameters while
-    the weights really move (lr > 0)."""
+    the weights really move (lr > 0). With ``predicted`` the forward of step s runs on the weights
+    extrapolated to step s + D_k, W + D_k (W - W_prev), and the gradient is the reference's at
+    those."""
     cfg, K = TINY4, 4
     tc = TrainConfig(mode="pipe-sync", steps=7, batch=2, n_stages=K, boundary_delay=1,
-                     max_staleness=0, replay_weights="stashed", grad_clip=0.0, lr=3e-3, warmup=1)
+                     max_staleness=0, replay_weights=replay, grad_clip=0.0, lr=3e-3, warmup=1)
     model = Model(cfg, seed=4, dtype=np.float64)
     ref = Model(cfg, seed=4, dtype=np.float64)
     sc = make_scheme(model, tc)
@@ -183,9 +186,21 @@ def test_stashed_weights_give_the_exact_delayed_gradient(text):
         for t in range(7):
             x, y = batches.next()
             seen.append((x, y))
-            params.append(model.flat.copy())
+            before = model.flat.copy()
             sc.submit(t, x, y, 3e-3)
             sc.poll()
+            used = before.copy()  # the parameters step t's forward ran on
+            for k, (plo, phi) in enumerate(sc.ranges[:-1]):
+                used[plo:phi] = sc._rings[f"weights{k}"][t % (D[k] + 1)]
+                if replay == "predicted":
+                    # W_prev: the weights before the last update (none yet at step 0)
+                    prev = last_before[plo:phi] if t else before[plo:phi]
+                    want = before[plo:phi] + D[k] * (before[plo:phi] - prev)
+                    np.testing.assert_allclose(used[plo:phi], want, rtol=1e-12, atol=1e-15)
+                else:
+                    assert np.array_equal(used[plo:phi], before[plo:phi])
+            last_before = before
+            params.append(used)
             for k, (plo, phi) in enumerate(sc.ranges):
                 s = t - D[k]
                 if s < 0:

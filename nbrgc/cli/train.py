@@ -76,7 +76,9 @@ def build_parser():
                         "synchronous while Adam's steps are largest)")
     g.add_argument("--replay-weights", choices=REPLAY_WEIGHTS, default=D["replay_weights"],
                    help="pipe-sync: the late backward recomputes a stage's forward with its current "
-                        "weights, or with the stashed weights that micro-batch's forward used")
+                        "weights, with the stashed weights that micro-batch's forward used, or "
+                        "(predicted) runs that forward on weights extrapolated to the step its "
+                        "gradient lands, W + D (W - W_prev), and replays on them")
     g.add_argument("--readout-blocks", type=int, default=D["readout_blocks"],
                    help="rgc-sync, pipe-sync: private blocks between each stage but the last and "
                         "the shared decoder, trained by that stage's loss alone, never evaluated")

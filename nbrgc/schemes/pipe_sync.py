@@ -63,11 +63,12 @@ def delays(n_stages, hops, d):
     return [d] * (n_stages - 1) + [0]
 
 
-def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model, stash_sizes=None):
+def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model, stash_sizes=None, predict=False):
     """{name: (shape, dtype name)} of the rings a step in flight needs (every one is checkpointed):
     stage 0's kept tokens, the kept inputs of stages 1..K-2, the messages for stages 0..K-2,
     with ``horizon all`` the own-loss input gradients stages 1..K-2 keep until their late part,
-    and with ``stash_sizes`` (parameters per stage) the stashed weights of stages 0..K-2."""
+    with ``stash_sizes`` (parameters per stage) the stashed weights of stages 0..K-2, and with
+    ``predict`` also their weights before their last update."""
     if not hops:
         return {}
     K, N, D = n_stages, B * T, delays(n_stages, hops, d)
@@ -79,6 +80,8 @@ def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model, stash_sizes=None)
                     if aux_weights[k]})
     if stash_sizes is not None:
         out.update({f"weights{k}": ((D[k] + 1, stash_sizes[k]), None) for k in range(K - 1)})
+        if predict:  # the weights before each stage's last update
+            out.update({f"prev{k}": ((stash_sizes[k],), None) for k in range(K - 1)})
     return out
 
 
@@ -98,7 +101,8 @@ class PipeSync(SchemeBase):
         self.d = tc.boundary_delay if delay is None else delay
         self.D = delays(K, self.hops, self.d)
         self.warm = tc.delay_warmup if delay is None else 0  # steps run with no delay
-        self.stash = tc.replay_weights == "stashed" and any(self.D)
+        self.stash = tc.replay_weights in ("stashed", "predicted") and any(self.D)
+        self.predict = tc.replay_weights == "predicted" and any(self.D)
         self.ranges = stage_param_ranges(model.layout, self.stages)
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
@@ -130,10 +134,18 @@ class PipeSync(SchemeBase):
     # ------------------------------------------------------------------ pipeline state
     def _alloc(self, B, T):
         shapes = ring_shapes(self.K, self.hops, self.a, self.d, B, T, self.model.cfg.d_model,
-                             [hi - lo for lo, hi in self.ranges] if self.stash else None)
+                             [hi - lo for lo, hi in self.ranges] if self.stash else None,
+                             self.predict)
         self._rings = {name: np.zeros(shape, dt or self.model.dtype)
                        for name, (shape, dt) in shapes.items()}
         self._shape = (B, T)
+        for k in range(self.K - 1):
+            if f"prev{k}" in self._rings:  # no update yet: no extrapolation at the first step
+                plo, phi = self.ranges[k]
+                self._rings[f"prev{k}"][...] = self.model.flat[plo:phi]
+
+    def _replay_name(self):
+        return "predicted" if self.predict else "stashed" if self.stash else "current"
 
     def _versions_from_model(self):
         self.versions[:] = self.model.flat[self.dec_lo:self.dec_hi]
@@ -151,7 +163,7 @@ class PipeSync(SchemeBase):
         meta.update(pipe={"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
                           "max_staleness": self.S, "boundary_delay": self.d,
                           "delay_warmup": self.warm,
-                          "replay_weights": "stashed" if self.stash else "current",
+                          "replay_weights": self._replay_name(),
                           "readout_blocks": self.readout.N if self.readout else 0,
                           "shape": list(self._shape) if self._rings else None})
         return arrays, meta
@@ -163,7 +175,7 @@ class PipeSync(SchemeBase):
             raise CheckpointError("checkpoint has no pipeline state (written by another mode)")
         mine = {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
                 "max_staleness": self.S, "boundary_delay": self.d, "delay_warmup": self.warm,
-                "replay_weights": "stashed" if self.stash else "current",
+                "replay_weights": self._replay_name(),
                 "readout_blocks": self.readout.N if self.readout else 0}
         for key, value in mine.items():
             if saved.get(key) != value:
@@ -204,11 +216,38 @@ class PipeSync(SchemeBase):
         self._update(t, lr, losses)
 
     def _forward_own(self, k, t, x, y, ws, pdec):
+        """Stage k's forward on micro-batch t and its own loss's backward; returns the loss."""
+        current = self._predict(k, t)
+        try:
+            return self._forward_own_body(k, t, x, y, ws, pdec)
+        finally:
+            if current is not None:
+                plo, phi = self.ranges[k]
+                self.model.flat[plo:phi] = current
+
+    def _predict(self, k, t):
+        """Stash the weights micro-batch t's forward of stage k uses (with ``predicted``: put the
+        extrapolated weights in place, returning the current ones to restore afterwards)."""
+        m, r = self.model, self._rings
+        current = None
+        if self.stash and k < self.K - 1:
+            plo, phi = self.ranges[k]
+            w = r[f"weights{k}"][t % (self.D[k] + 1)]
+            if self.predict and self.D[k] and t >= self.warm:
+                # linear weight prediction: the weights extrapolated to step t + D_k, where this
+                # micro-batch's gradient will be applied, W + D_k (W - W_prev)
+                current = m.flat[plo:phi].copy()
+                np.subtract(current, r[f"prev{k}"], out=w)
+                w *= w.dtype.type(self.D[k])
+                w += current
+                m.flat[plo:phi] = w
+            else:
+                w[...] = m.flat[plo:phi]
+        return current
+
+    def _forward_own_body(self, k, t, x, y, ws, pdec):
         m, r, a = self.model, self._rings, self.a[k]
         lo, hi = self.stages[k]
-        if self.stash and k < self.K - 1:  # the weights this micro-batch's forward uses
-            plo, phi = self.ranges[k]
-            r[f"weights{k}"][t % (self.D[k] + 1)] = m.flat[plo:phi]
         if k == 0:
             h = m.embed(x, ws)
             if self.hops:
@@ -282,6 +321,8 @@ class PipeSync(SchemeBase):
             ro = self.readout is not None and k < self.K - 1
             if ro:
                 sq += self.readout.sumsq(k)
+            if self.predict and k < self.K - 1:
+                self._rings[f"prev{k}"][...] = self.model.flat[plo:phi]
             if self.check_finite(t, sq, losses[k], f"stage {k}"):
                 scale, norm = clip_scale(sq, tc.grad_clip)
                 self.opts[k].step(lr, scale)
