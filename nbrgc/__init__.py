@@ -35,7 +35,7 @@ from .config import ModelConfig, TrainConfig, PRESETS, preset  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Model", "ModelConfig", "TrainConfig", "PRESETS", "preset", "train", "Trainer",
-           "local_loss_and_grad", "NbrgcError", "ConfigError", "DataError", "CheckpointError",
+           "local_loss_and_grad", "register_scheme", "NbrgcError", "ConfigError", "DataError", "CheckpointError",
            "THREADING_LAYER"]
 
 
@@ -44,6 +44,9 @@ def __getattr__(name):
     if name == "Model":
         from .model import Model
         return Model
+    if name == "register_scheme":
+        from .schemes import register_scheme
+        return register_scheme
     if name == "local_loss_and_grad":
         from .local import local_loss_and_grad
         return local_loss_and_grad

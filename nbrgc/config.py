@@ -163,7 +163,10 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            from .schemes import registered
+            if registered(self.mode) is None:
+                raise ConfigError(f"mode must be one of {', '.join(MODES)} (or a mode registered "
+                                  f"with nbrgc.register_scheme), got {self.mode!r}")
         derived = {"batch": None, "warmup": default_warmup, "eval_every": default_eval_every}
         for name, lo in (("steps", 1), ("batch", 1), ("seq", 0), ("warmup", 0), ("eval_every", 0),
                          ("eval_batches", 1), ("log_every", 1), ("seed", 0), ("threads", 0),
@@ -191,7 +194,7 @@ class TrainConfig:
             raise ConfigError(f"consensus must be one of {', '.join(CONSENSUS)}, got {self.consensus!r}")
         if self.stage_init not in STAGE_INIT:
             raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
-        pipe = self.mode == "pipe-sync"
+        pipe = self.base_mode == "pipe-sync"
         h = ("all" if pipe else "0") if self.horizon is None else str(self.horizon).strip().lower()
         if h not in ("all", "stage") and not h.isdigit():
             raise ConfigError(f"horizon must be a number of blocks >= 0, 'stage' or 'all', got "
@@ -226,7 +229,7 @@ class TrainConfig:
         if self.mode == "bp" and self.readout_blocks:
             raise ConfigError("readout blocks serve the stages of rgc-sync and pipe-sync; bp has one "
                               "readout, the full network's")
-        if self.mode in ("rgc-sync", "pipe-sync") and self.n_stages > 1:
+        if self.base_mode in ("rgc-sync", "pipe-sync") and self.n_stages > 1:
             from .horizon import check_coverage, resolve_horizon
             from .local import split_stages
             from .schemes.pipe_sync import stage_horizon
@@ -242,6 +245,15 @@ class TrainConfig:
             if groups is not None and self.stage_workers:
                 worker_groups(groups, self.stage_workers)
         return seq
+
+    @property
+    def base_mode(self):
+        """The built-in mode whose settings apply: ``mode`` itself, or the one a registered mode is
+        like (nbrgc.register_scheme)."""
+        if self.mode in MODES:
+            return self.mode
+        from .schemes import registered
+        return registered(self.mode)[1]
 
     def is_plain_rgc(self):
         """Whether the objective is RGC's own (horizon 0, aux_weight 1, no readout blocks)."""

@@ -48,16 +48,16 @@ def estimate(cfg, tc, B, T, nt):
             from .threads import cpu_count
             n_ws = resolve_stage_workers(tc, tc.threads or cpu_count())
         out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt, attention=tc.attention)
-        S = tc.max_staleness if tc.mode in ("rgc-async", "pipe-sync") else 0
+        S = tc.max_staleness if tc.base_mode in ("rgc-async", "pipe-sync") else 0
         out["rgc"] = (S + 1) * K * dec * item + dec * item
-        if tc.mode == "pipe-sync" or (tc.mode == "rgc-sync" and not tc.is_plain_rgc()):
+        if tc.base_mode == "pipe-sync" or (tc.base_mode == "rgc-sync" and not tc.is_plain_rgc()):
             from .horizon import loss_weights
             from .local import split_stages
             from .schemes.pipe_sync import ring_shapes, stage_horizon
             hops = stage_horizon(tc.horizon, split_stages(L, K))
-            d_ = tc.boundary_delay if tc.mode == "pipe-sync" else 0
+            d_ = tc.boundary_delay if tc.base_mode == "pipe-sync" else 0
             stash = None
-            if tc.mode == "pipe-sync" and tc.replay_weights != "current":
+            if tc.base_mode == "pipe-sync" and tc.replay_weights != "current":
                 blocks = per * (12 * d * d + 13 * d)
                 stash = [blocks + (V + cfg.ctx) * d * (k == 0) for k in range(K)]
             rings = ring_shapes(K, hops, loss_weights(K, tc.aux_weight), d_, B, T, d, stash,
@@ -65,7 +65,7 @@ def estimate(cfg, tc, B, T, nt):
             out["pipe_rings"] = sum((4 if dt else item) * math.prod(shape)
                                     for shape, dt in rings.values())
             out["decoder_versions"] = (S + 2) * dec * item
-        if tc.mode in ("rgc-sync", "pipe-sync") and tc.readout_blocks and K > 1:
+        if tc.base_mode in ("rgc-sync", "pipe-sync") and tc.readout_blocks and K > 1:
             n = tc.readout_blocks * (K - 1)
             # params, grads, AdamW moments of a model of n blocks, and one workspace of N blocks
             out["readout"] = 4 * item * (n * (12 * d * d + 13 * d) + (V + cfg.ctx) * d + dec) + \
@@ -74,7 +74,7 @@ def estimate(cfg, tc, B, T, nt):
         if tc.mode == "rgc-async":
             out["ring"] = max(K - 1, 1) * (S + 1) * B * T * cfg.d_model * item
             out["decoder_versions"] = (S + 2) * dec * item
-        if tc.mode in ("rgc-sync", "pipe-sync") and tc.readout_blocks and K > 1:
+        if tc.base_mode in ("rgc-sync", "pipe-sync") and tc.readout_blocks and K > 1:
             n = tc.readout_blocks * (K - 1)
             # params, grads, AdamW moments of a model of n blocks, and one workspace of N blocks
             out["readout"] = 4 * item * (n * (12 * d * d + 13 * d) + (V + cfg.ctx) * d + dec) + \

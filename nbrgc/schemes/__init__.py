@@ -13,7 +13,34 @@ class StepResult:
     skipped: bool = False
 
 
+_REGISTRY = {}
+
+
+def register_scheme(name, factory, like="pipe-sync"):
+    """Make ``name`` a training mode: ``factory(model, tc, **kw)`` builds its scheme (typically a
+    subclass of :class:`~nbrgc.schemes.pipe_sync.PipeSync` with its own stage rule, see
+    docs/schemes.md, "Your own local-learning rule"); ``like`` is the built-in mode whose settings
+    and checks apply to it (its horizon, aux_weight and delay defaults, its memory estimate)."""
+    from ..config import MODES
+    from ..errors import ConfigError
+    if not isinstance(name, str) or not name or name in MODES:
+        raise ConfigError(f"a registered mode needs a new name (not one of {', '.join(MODES)}), "
+                          f"got {name!r}")
+    if like not in MODES or like == "bp":
+        raise ConfigError(f"like must be a staged built-in mode, got {like!r}")
+    if not callable(factory):
+        raise ConfigError(f"the factory of mode {name!r} must be callable")
+    _REGISTRY[name] = (factory, like)
+
+
+def registered(name):
+    """(factory, like) of a registered mode, or None."""
+    return _REGISTRY.get(name)
+
+
 def make_scheme(model, tc, **kw):
+    if tc.mode in _REGISTRY:
+        return _REGISTRY[tc.mode][0](model, tc, **kw)
     if tc.mode == "bp":
         from .bp import BP
         return BP(model, tc, **kw)

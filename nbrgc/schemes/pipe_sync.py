@@ -264,7 +264,7 @@ class PipeSync(SchemeBase):
         read = out if ro is None else ro.forward(k, out)  # what the decoder reads
         if a == 0.0 and self.cw is not None and self.cw[k] == 0.0:
             return float(m.decoder_loss(read, y, ws, pdec=pdec))  # reported, not trained on
-        loss, dh = m.decoder_loss_and_grad(read, y, ws, gdec=self.rgc.slot(0, k), pdec=pdec)
+        loss, dh = self.local_loss(k, t, read, y, ws, pdec)
         if a == 0.0:
             return float(loss)
         if a != 1.0:
@@ -279,6 +279,14 @@ class PipeSync(SchemeBase):
         elif self.hops == "all":
             r[f"own{k}"][t % (self.D[k] + 1)] = dx
         return float(loss)
+
+    def local_loss(self, k, t, h, y, ws, pdec):
+        """The stage rule's loss: stage k's loss on ``h`` (its output, or its readout blocks') for
+        micro-batch t with targets ``y``, read through the decoder parameters ``pdec``. Returns
+        (loss, dL/dh), dL/dh in ``ws.dh``, and adds the loss's decoder gradient into the stage's
+        consensus slot ``self.rgc.slot(0, k)``. RGC's: next-byte cross-entropy through the shared
+        decoder. Override it to try another local objective (docs/schemes.md)."""
+        return self.model.decoder_loss_and_grad(h, y, ws, gdec=self.rgc.slot(0, k), pdec=pdec)
 
     def _late(self, k, t, ws):
         """Stage k's late part: the message for micro-batch t - D_k, through a replay of its forward.
