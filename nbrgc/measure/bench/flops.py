@@ -20,12 +20,18 @@ def flops_per_token(mcfg, seq):
 
 def executed_flops_per_token(mcfg, seq, mode, n_stages=1):
     """FLOPs per token a mode actually executes: RGC runs the decoder (final LN + head) once per
-    stage, i.e. ``n_stages - 1`` more times than BP."""
+    stage, i.e. ``n_stages - 1`` more times than BP; pipe-sync with its default pipelined backprop
+    reads the earlier stages' losses forward only (reported, not trained on) and recomputes the
+    forward of every stage but the last for its late backward (features replay)."""
     base = flops_per_token(mcfg, seq)
-    if mode in ("rgc-sync", "rgc-async") and n_stages > 1:
-        d, V = mcfg.d_model, mcfg.vocab
-        base += 6 * (d * V + V + 2 * d) * (n_stages - 1)
-    return base
+    if n_stages <= 1 or mode not in ("rgc-sync", "rgc-async", "pipe-sync"):
+        return base
+    d, V = mcfg.d_model, mcfg.vocab
+    dec = d * V + V + 2 * d
+    if mode == "pipe-sync":
+        blocks = (flops_per_token(mcfg, seq) - 6 * dec) / 3  # the forward of every block
+        return base + 2 * dec * (n_stages - 1) + blocks * (n_stages - 1) / n_stages
+    return base + 6 * dec * (n_stages - 1)
 
 
 def gemm_shape_for(mcfg, batch, seq):

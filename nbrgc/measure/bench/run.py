@@ -53,7 +53,7 @@ def run_bench(config="small", modes=MODES, threads=(2,), repeats=3,
             tc = TrainConfig(mode=m if m != "torch" else "bp", steps=warmup_steps + steps,
                              warmup=max(1, (warmup_steps + steps) // 20), batch=batch, seq=seq,
                              seed=seed, threads=threads[0],
-                             n_stages=n_stages if m in ("rgc-sync", "rgc-async") else 1,
+                             n_stages=n_stages if m in ("rgc-sync", "rgc-async", "pipe-sync") else 1,
                              stage_threads=g, stage_workers=w, max_staleness=max_staleness,
                              attention=att)
             seq_eff = tc.validate_for(mcfg)
