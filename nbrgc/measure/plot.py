@@ -93,6 +93,13 @@ def _stack(rows):
     return np.array([r[:n] for r in rows], dtype=np.float64)
 
 
+def arm_style(i):
+    """(colour, line style) of the i-th arm: 20 colours, and a line style that changes with every
+    colour, so no two of up to 20 arms look alike (and neighbours differ in both)."""
+    import matplotlib
+    return matplotlib.colormaps["tab20"](i % 20), ("-", "--", "-.", ":")[i % 4]
+
+
 def plot_study(rep, path, base="bp", dpi=110):
     """The study's two panels: validation bpb against tokens for every arm (mean over seeds,
     min-max band) and the relative gap to ``base`` (mean over the seeds both have, min-max band).
@@ -109,9 +116,10 @@ def plot_study(rep, path, base="bp", dpi=110):
         if y is None:
             continue
         x = np.asarray(toks[:y.shape[1]], dtype=np.float64)
-        color = f"C{i}"
+        color, ls = arm_style(i)
         n = y.shape[0]
-        ax.plot(x, y.mean(0), color=color, lw=1.4, label=f"{arm} (lr {e['lr']:.3g}, {n} seed{'s' * (n > 1)})")
+        ax.plot(x, y.mean(0), color=color, ls=ls, lw=1.4,
+                label=f"{arm} (lr {e['lr']:.3g}, {n} seed{'s' * (n > 1)})")
         if n > 1:
             ax.fill_between(x, y.min(0), y.max(0), color=color, alpha=0.18, lw=0)
         if arm == base:
@@ -121,7 +129,7 @@ def plot_study(rep, path, base="bp", dpi=110):
             continue
         m = min(min(len(a), len(b)) for a, b in pairs)
         g = np.array([(np.array(a[:m]) - np.array(b[:m])) / np.array(b[:m]) for a, b in pairs]) * 100
-        gx.plot(x[:m], g.mean(0), color=color, lw=1.4, label=f"{arm} ({len(pairs)} paired)")
+        gx.plot(x[:m], g.mean(0), color=color, ls=ls, lw=1.4, label=f"{arm} ({len(pairs)} paired)")
         if len(pairs) > 1:
             gx.fill_between(x[:m], g.min(0), g.max(0), color=color, alpha=0.18, lw=0)
     ax.set_xlabel("training tokens")

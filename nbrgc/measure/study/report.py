@@ -16,7 +16,7 @@ import math
 import os
 
 from ...atomic import write_json, write_text
-from .arms import ARMS, BASE, DIAGNOSTIC
+from .arms import ARMS, BASE, CROSSES, DIAGNOSTIC
 
 REPORT_FILE, MARKDOWN_FILE, CURVES_FILE = "study.json", "study.md", "curves.png"
 CONVERGED_BELOW = 0.01
@@ -103,8 +103,9 @@ def build(st, computed=()):
         entry = {"lr": best, "overrides": ARMS[arm], "code_version": st.fingerprints.get(arm),
                  "test_bpb": [None] * len(seeds), "val_bpb": [None] * len(seeds),
                  "val_stage_bpb": [None] * len(seeds), "curve": {"tokens": [], "val_bpb": []},
-                 "train_tokens_per_s": None, "sweep": sweep}
-        curves, tps = [None] * len(seeds), []
+                 "train_tokens_per_s": None, "peak_rss_mib": None, "crosses": CROSSES[arm],
+                 "sweep": sweep}
+        curves, tps, rss = [None] * len(seeds), [], []
         if best is not None:
             n_known += len(seeds)
             for i, s in enumerate(seeds):
@@ -118,10 +119,13 @@ def build(st, computed=()):
                 curves[i] = r["curve"]
                 if r.get("train_tokens_per_s"):
                     tps.append(r["train_tokens_per_s"])
+                if r.get("peak_rss_mib"):
+                    rss.append(r["peak_rss_mib"])
         toks = next(([p[1] for p in c] for c in curves if c), [])
         entry["curve"] = {"tokens": toks,
                           "val_bpb": [[p[2] for p in c] if c else None for c in curves]}
         entry["train_tokens_per_s"] = sum(tps) / len(tps) if tps else None
+        entry["peak_rss_mib"] = max(rss) if rss else None
         if arm == BASE:
             bp_curves = [([p[1] for p in c], [p[2] for p in c]) for c in curves if c]
         test_bpb[arm] = entry["test_bpb"]
@@ -137,6 +141,7 @@ def build(st, computed=()):
            "code_version": st.code_version(), "code_versions": dict(st.fingerprints or {}),
            "arms": arms, "convergence": convergence(bp_curves),
            "verdicts": verdicts(test_bpb, seeds, st.margin, st.conf, st.n_boot),
+           "gap_by_tokens": gaps_by_tokens(arms, st.steps * st.batch * st.seq),
            "sweep": {"seed": seeds[0], "frac": st.sweep_frac, "steps": st.sweep_steps,
                      "tokens": st.sweep_steps * st.batch * st.seq, "eval_every": st.sweep_eval_every,
                      "lrs": sorted(sweep_lrs), "grid": st.sweep_lrs, "extend": st.extend_sweep,
@@ -156,6 +161,40 @@ def build(st, computed=()):
         rep["notes"].append(f"the sweep is not complete for {', '.join(waiting)}: their main runs "
                             "start once it is (--phase sweep or all runs it)")
     return rep
+
+
+def gaps_by_tokens(arms, total):
+    """{"tokens": [a quarter, half and all of the run], arm: [mean paired validation gap to bp at
+    each, or None]}: how the gap moves with training, read off the validation curves."""
+    points = [total // 4, total // 2, total]
+    out = {"tokens": points}
+    bp = arms[BASE]["curve"]
+    for arm, e in arms.items():
+        if arm == BASE:
+            continue
+        row = []
+        for at in points:
+            gaps = [(value_at(e["curve"]["tokens"], a, at) - value_at(bp["tokens"], b, at))
+                    / value_at(bp["tokens"], b, at)
+                    for a, b in zip(e["curve"]["val_bpb"], bp["val_bpb"]) if a and b]
+            row.append(sum(gaps) / len(gaps) if gaps else None)
+        out[arm] = row
+    return out
+
+
+def best_of_class(rep):
+    """{class: arm} for each class of what crosses a boundary: the arm with the lowest upper bound
+    of its verdict interval (the lowest mean gap while an arm has fewer than two paired seeds)."""
+    best = {}
+    for arm, e in rep["arms"].items():
+        v = rep["verdicts"].get(arm)
+        if arm == BASE or arm in DIAGNOSTIC or not v or v.get("mean_gap") is None:
+            continue
+        score = v["t_upper"] if v.get("t_upper") is not None else v["mean_gap"]
+        cls = e.get("crosses", CROSSES.get(arm))
+        if cls not in best or score < best[cls][0]:
+            best[cls] = (score, arm)
+    return {c: a for c, (_, a) in best.items()}
 
 
 def _pct(x, nd=2):
@@ -225,6 +264,7 @@ def markdown(rep):
                  f"{_pct(v['t_lower'], 3)} | {_pct(v['t_upper'], 3)} | [{_pct(v['boot_lower'])}, "
                  f"{_pct(v['boot_upper'])}] | {100 * v['margin']:g}% | "
                  + ("diagnostic, not a candidate: " if a in DIAGNOSTIC else "") + f"{v['verdict']} |")
+    L += _class_tables(rep)
     L += _depth_table(rep)
     cv = rep["convergence"]
     L += ["", "### Convergence of bp", "",
@@ -238,6 +278,33 @@ def markdown(rep):
     for n in rep.get("notes", []):
         L += ["", f"Note: {n}"]
     return "\n".join(L) + "\n"
+
+
+def _class_tables(rep):
+    """What crosses a boundary, quality, speed and memory side by side; the gap at a quarter, half
+    and all of the run; the best arm of each class."""
+    arms, g = rep["arms"], rep.get("gap_by_tokens")
+    L = ["", "### Quality, speed and memory by what crosses a boundary backward", "",
+         "| arm | crosses | mean Δ test | t upper | tokens/s (1 thread, machine shared) | "
+         "peak RSS MiB |", "|---|---|---:|---:|---:|---:|"]
+    for a, e in arms.items():
+        v = rep["verdicts"].get(a, {})
+        tps, rss = e.get("train_tokens_per_s"), e.get("peak_rss_mib")
+        L.append(f"| {a} | {e.get('crosses', CROSSES.get(a))} | {_pct(v.get('mean_gap'))} | "
+                 f"{_pct(v.get('t_upper'))} | {'–' if not tps else f'{tps:,.0f}'} | "
+                 f"{'–' if not rss else f'{rss:,.0f}'} |")
+    best = best_of_class(rep)
+    if best:
+        L += ["", "Best arm of each class: " + "; ".join(
+            f"{c}: {a} ({_pct(rep['verdicts'][a]['mean_gap'])}, {rep['verdicts'][a]['verdict']})"
+            for c, a in best.items()) + "."]
+    if g and len(arms) > 1:
+        L += ["", "### The gap as training goes on (validation bpb, mean over paired seeds)", "",
+              "| arm | " + " | ".join(f"{t / 1e6:g} M tokens" for t in g["tokens"]) + " |",
+              "|---|" + "---:|" * len(g["tokens"])]
+        L += [f"| {a} | " + " | ".join(_pct(x) for x in g.get(a, [])) + " |" for a in arms
+              if a != BASE]
+    return L
 
 
 def _depth_table(rep):

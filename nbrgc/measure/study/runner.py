@@ -111,7 +111,8 @@ def run_one(spec, log=None):
             if val is None or not math.isfinite(val):
                 raise NbrgcError(f"{spec['name']}: no finite validation bpb at the end of the run")
             res.update(val_bpb=val, val_stage_bpb=summary.get("val_stage_bpb"),
-                       train_tokens_per_s=summary.get("tokens_per_s"), wall_s=summary.get("wall_s"))
+                       train_tokens_per_s=summary.get("tokens_per_s"), wall_s=summary.get("wall_s"),
+                       peak_rss_mib=summary.get("peak_rss_mib"))
             if spec.get("score_test"):
                 t = sliding_bpb(trainer.model, ds.test, batch=16, n_bytes=spec.get("test_bytes"))
                 res["test_bpb"], res["test"] = t["bpb"], {k: t[k] for k in ("bytes_scored", "windows",
