@@ -18,20 +18,28 @@ def flops_per_token(mcfg, seq):
     return 6 * non_embedding_params(mcfg) + 6 * mcfg.n_layer * seq * mcfg.d_model
 
 
-def executed_flops_per_token(mcfg, seq, mode, n_stages=1):
+def executed_flops_per_token(mcfg, seq, mode, n_stages=1, tc=None):
     """FLOPs per token a mode actually executes: RGC runs the decoder (final LN + head) once per
-    stage, i.e. ``n_stages - 1`` more times than BP; pipe-sync with its default pipelined backprop
-    reads the earlier stages' losses forward only (reported, not trained on) and recomputes the
-    forward of every stage but the last for its late backward (features replay)."""
+    stage, i.e. ``n_stages - 1`` more times than BP. pipe-sync (``tc`` gives its objective; by
+    default pipelined backprop) reads every earlier stage's loss (forward only when its weight is 0),
+    and with a horizon recomputes the forward of every stage but the last for the late backward
+    (features replay), whose backward is extra where the stage also backpropagated its own loss.
+    Readout blocks are left out (a few blocks' worth)."""
     base = flops_per_token(mcfg, seq)
     if n_stages <= 1 or mode not in ("rgc-sync", "rgc-async", "pipe-sync"):
         return base
     d, V = mcfg.d_model, mcfg.vocab
     dec = d * V + V + 2 * d
-    if mode == "pipe-sync":
-        blocks = (flops_per_token(mcfg, seq) - 6 * dec) / 3  # the forward of every block
-        return base + 2 * dec * (n_stages - 1) + blocks * (n_stages - 1) / n_stages
-    return base + 6 * dec * (n_stages - 1)
+    if mode == "rgc-sync" and (tc is None or tc.is_plain_rgc()) or mode == "rgc-async":
+        return base + 6 * dec * (n_stages - 1)
+    lam = 0.0 if tc is None else tc.aux_weight
+    horizon = "all" if tc is None else tc.horizon
+    earlier = (n_stages - 1) / n_stages   # the share of the blocks in stages 0..K-2
+    fwd = (base - 6 * dec) / 3            # the forward of every block
+    extra = (n_stages - 1) * (2 if lam == 0 else 6) * dec
+    if horizon != "0":
+        extra += fwd * earlier * (1 if lam == 0 else 3)
+    return base + extra
 
 
 def gemm_shape_for(mcfg, batch, seq):

@@ -17,13 +17,25 @@ def parse_int_list(text, what):
     return vals
 
 
+def arm_overrides(name):
+    """The TrainConfig fields of a study arm benched by name (``pipe``, ``rgc-h1``, ...: the arms of
+    nbrgc.measure.study.arms that are no mode of their own), or None for a mode."""
+    if name in ALL_MODES:
+        return None
+    from ..study.arms import ARMS
+    if name not in ARMS or "depth" in ARMS[name]:
+        return None
+    return {k: v for k, v in ARMS[name].items() if k != "delay_warmup_frac"}
+
+
 def parse_modes(text):
     modes = [m.strip().lower() for m in str(text).split(",") if m.strip()]
     if not modes:
         raise ConfigError("--modes is empty; choose from " + ", ".join(ALL_MODES))
-    bad = [m for m in modes if m not in ALL_MODES]
+    bad = [m for m in modes if m not in ALL_MODES and arm_overrides(m) is None]
     if bad:
-        raise ConfigError(f"unknown mode {bad[0]!r} in --modes; choose from {', '.join(ALL_MODES)}")
+        raise ConfigError(f"unknown mode {bad[0]!r} in --modes; choose from {', '.join(ALL_MODES)} "
+                          "or a study arm (pipe, pipe-stash, rgc-h1, rgc-hall, rgc-readout, ...)")
     if len(set(modes)) != len(modes):
         raise ConfigError(f"--modes lists a mode twice: {text!r}")
     return modes

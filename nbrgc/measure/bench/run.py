@@ -9,7 +9,7 @@ from .figures import aggregate
 from .flops import (FLOPS_FORMULA, executed_flops_per_token, flops_per_token, gemm_shape_for,
                     non_embedding_params)
 from .launch import launch
-from .plan import BASE, default_n_stages, interleaved, plan_variants
+from .plan import BASE, arm_overrides, default_n_stages, interleaved, plan_variants
 
 
 def run_bench(config="small", modes=MODES, threads=(2,), repeats=3,
@@ -50,12 +50,15 @@ def run_bench(config="small", modes=MODES, threads=(2,), repeats=3,
     tcs = {}
     for m in modes:
         for _, _, g, w, att in plan_variants([m], stage_groups, stage_workers, attention):
-            tc = TrainConfig(mode=m if m != "torch" else "bp", steps=warmup_steps + steps,
+            arm = arm_overrides(m) or {}  # a study arm: its own fields
+            mode = arm.get("mode", m if m != "torch" else "bp")
+            kw = dict(max_staleness=max_staleness)
+            kw.update(arm, mode=mode)
+            kw.setdefault("n_stages", n_stages if mode != "bp" else 1)
+            tc = TrainConfig(steps=warmup_steps + steps,
                              warmup=max(1, (warmup_steps + steps) // 20), batch=batch, seq=seq,
-                             seed=seed, threads=threads[0],
-                             n_stages=n_stages if m in ("rgc-sync", "rgc-async", "pipe-sync") else 1,
-                             stage_threads=g, stage_workers=w, max_staleness=max_staleness,
-                             attention=att)
+                             seed=seed, threads=threads[0], stage_threads=g, stage_workers=w,
+                             attention=att, **kw)
             seq_eff = tc.validate_for(mcfg)
             tcs[(m, g, w, att)] = tc
     from ...data import load_dataset
@@ -87,7 +90,8 @@ def run_bench(config="small", modes=MODES, threads=(2,), repeats=3,
         res.update(label=label, round=rnd, threads=t, mode=mode,
                    flops_per_token=flops,
                    executed_flops_per_token=executed_flops_per_token(
-                       mcfg, seq_eff, mode, tc.n_stages if mode != "torch" else 1))
+                       mcfg, seq_eff, tc.mode if mode != "torch" else mode,
+                       tc.n_stages if mode != "torch" else 1, tc))
         log(f"    {res['tokens_per_s']:,.0f} tokens/s, {res['ms_per_step']:.1f} ms/step, peak RSS "
             f"{res['peak_rss_mib']:.0f} MiB")
         records.append(res)
