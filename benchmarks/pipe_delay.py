@@ -28,6 +28,8 @@ VARIANTS = {  # name: (what, flags); the reference is d0 at the same rate
     "d1-stash-warm": ("+ stashed weights + no delay for the first 10%", ["--boundary-delay", "1", "--lr", "4e-3", "--replay-weights", "stashed", "--delay-warmup", "49"]),
     "d0-lr1e-3": ("no delay, lr 1e-3", ["--boundary-delay", "0", "--lr", "1e-3"]),
     "d1-lr1e-3": ("delay 1 a hop, lr 1e-3", ["--boundary-delay", "1", "--lr", "1e-3"]),
+    "d1-stash-lr1e-3": ("delay 1 a hop, stashed weights, lr 1e-3",
+                        ["--boundary-delay", "1", "--lr", "1e-3", "--replay-weights", "stashed"]),
 }
 
 
