@@ -160,6 +160,7 @@ class TrainConfig:
     delay_warmup: int = 0         # pipe-sync: the first N steps run with no boundary delay
     replay_weights: str = "current"  # pipe-sync: current | stashed | predicted (nbrgc.schemes.pipe_sync)
     readout_blocks: int = 0       # rgc-sync, pipe-sync: private blocks before each stage's readout
+    delay_lr_power: float = 0.0   # pipe-sync: a delayed stage steps at lr / (1 + D_k)^p
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -205,6 +206,7 @@ class TrainConfig:
         object.__setattr__(self, "boundary_delay", _int("boundary_delay", self.boundary_delay, 0))
         object.__setattr__(self, "delay_warmup", _int("delay_warmup", self.delay_warmup, 0))
         object.__setattr__(self, "readout_blocks", _int("readout_blocks", self.readout_blocks, 0))
+        object.__setattr__(self, "delay_lr_power", _float("delay_lr_power", self.delay_lr_power, 0.0))
         if self.replay_weights not in REPLAY_WEIGHTS:
             raise ConfigError(f"replay_weights must be one of {', '.join(REPLAY_WEIGHTS)}, got "
                               f"{self.replay_weights!r}")

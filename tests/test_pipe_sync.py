@@ -279,3 +279,13 @@ def test_readout_block_gradients_vs_finite_differences(K, N):
         ev = evaluate(model, [(x, y)], sc.stages, model.workspace(2, 5, 0, 4 // K))
         plain = nbrgc.local_loss_and_grad(model, x, y, K)[0]
         np.testing.assert_allclose(np.array(ev["val_stage_bpb"]) * np.log(2), plain, rtol=1e-12)
+
+
+def test_delay_lr_power_scales_only_the_delayed_stages_after_the_warmup():
+    tc = TrainConfig(mode="pipe-sync", n_stages=4, boundary_delay=1, delay_warmup=5,
+                     delay_lr_power=1.0, batch=2, steps=10)
+    sc = make_scheme(Model(TINY4, seed=0), tc)
+    assert [sc._lr_factor(k, 4) for k in range(4)] == [1.0] * 4  # still in the warm-up
+    assert [sc._lr_factor(k, 5) for k in range(4)] == [1 / 4, 1 / 3, 1 / 2, 1.0]
+    with pytest.raises(ConfigError, match="delay_lr_power"):
+        TrainConfig(mode="pipe-sync", delay_lr_power=-1)

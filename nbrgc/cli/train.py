@@ -79,6 +79,8 @@ def build_parser():
                         "weights, with the stashed weights that micro-batch's forward used, or "
                         "(predicted) runs that forward on weights extrapolated to the step its "
                         "gradient lands, W + D (W - W_prev), and replays on them")
+    g.add_argument("--delay-lr-power", type=finite_number, default=D["delay_lr_power"],
+                   help="pipe-sync: a stage whose gradient is D steps late steps at lr / (1 + D)^p")
     g.add_argument("--readout-blocks", type=int, default=D["readout_blocks"],
                    help="rgc-sync, pipe-sync: private blocks between each stage but the last and "
                         "the shared decoder, trained by that stage's loss alone, never evaluated")
@@ -175,7 +177,7 @@ def parse(argv=None):
                      consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every,
                      horizon=a.horizon, aux_weight=a.aux_weight, boundary_delay=a.boundary_delay,
                      delay_warmup=a.delay_warmup, replay_weights=a.replay_weights,
-                     readout_blocks=a.readout_blocks)
+                     readout_blocks=a.readout_blocks, delay_lr_power=a.delay_lr_power)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":
         from ..config import parse_stage_threads

@@ -103,6 +103,7 @@ class PipeSync(SchemeBase):
         self.warm = tc.delay_warmup if delay is None else 0  # steps run with no delay
         self.stash = tc.replay_weights in ("stashed", "predicted") and any(self.D)
         self.predict = tc.replay_weights == "predicted" and any(self.D)
+        self.lr_power = tc.delay_lr_power if delay is None else 0.0
         self.ranges = stage_param_ranges(model.layout, self.stages)
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
@@ -144,6 +145,15 @@ class PipeSync(SchemeBase):
                 plo, phi = self.ranges[k]
                 self._rings[f"prev{k}"][...] = self.model.flat[plo:phi]
 
+    def _settings(self):
+        """What fixes the trajectory besides the TrainConfig fields every mode shares: a resume must
+        have the same."""
+        return {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
+                "max_staleness": self.S, "boundary_delay": self.d, "delay_warmup": self.warm,
+                "replay_weights": self._replay_name(),
+                "readout_blocks": self.readout.N if self.readout else 0,
+                "delay_lr_power": self.lr_power}
+
     def _replay_name(self):
         return "predicted" if self.predict else "stashed" if self.stash else "current"
 
@@ -160,12 +170,8 @@ class PipeSync(SchemeBase):
             arrays[f"pipe_{name}"] = ring
         if self.readout is not None:
             arrays.update(self.readout.state())
-        meta.update(pipe={"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
-                          "max_staleness": self.S, "boundary_delay": self.d,
-                          "delay_warmup": self.warm,
-                          "replay_weights": self._replay_name(),
-                          "readout_blocks": self.readout.N if self.readout else 0,
-                          "shape": list(self._shape) if self._rings else None})
+        meta.update(pipe=dict(self._settings(),
+                              shape=list(self._shape) if self._rings else None))
         return arrays, meta
 
     def load_state(self, arrays, meta):
@@ -173,10 +179,7 @@ class PipeSync(SchemeBase):
         saved = meta.get("pipe")
         if saved is None:
             raise CheckpointError("checkpoint has no pipeline state (written by another mode)")
-        mine = {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
-                "max_staleness": self.S, "boundary_delay": self.d, "delay_warmup": self.warm,
-                "replay_weights": self._replay_name(),
-                "readout_blocks": self.readout.N if self.readout else 0}
+        mine = self._settings()
         for key, value in mine.items():
             if saved.get(key) != value:
                 raise CheckpointError(f"checkpoint was written with {key} {saved.get(key)}, this run "
@@ -319,6 +322,13 @@ class PipeSync(SchemeBase):
         if self.stash:
             m.flat[plo:phi] = current
 
+    def _lr_factor(self, k, t):
+        """--delay-lr-power p: a delayed stage steps at lr / (1 + D_k)^p (PipeMare's rescaling by
+        the delay; 1 before the delay warm-up ends and for the stages with no delay)."""
+        if not self.lr_power or t < self.warm or not self.D[k]:
+            return 1.0
+        return (1.0 + self.D[k]) ** -self.lr_power
+
     def _update(self, t, lr, losses):
         G, tc = self.model.grad_flat, self.tc
         norms, skipped = [], False
@@ -333,7 +343,7 @@ class PipeSync(SchemeBase):
                 self._rings[f"prev{k}"][...] = self.model.flat[plo:phi]
             if self.check_finite(t, sq, losses[k], f"stage {k}"):
                 scale, norm = clip_scale(sq, tc.grad_clip)
-                self.opts[k].step(lr, scale)
+                self.opts[k].step(lr * self._lr_factor(k, t), scale)
                 if ro:
                     self.ro_opts[k].step(lr, scale)
                 if scale != 1.0:
