@@ -74,12 +74,6 @@ def estimate(cfg, tc, B, T, nt):
         if tc.mode == "rgc-async":
             out["ring"] = max(K - 1, 1) * (S + 1) * B * T * cfg.d_model * item
             out["decoder_versions"] = (S + 2) * dec * item
-        if tc.base_mode in ("rgc-sync", "pipe-sync") and tc.readout_blocks and K > 1:
-            n = tc.readout_blocks * (K - 1)
-            # params, grads, AdamW moments of a model of n blocks, and one workspace of N blocks
-            out["readout"] = 4 * item * (n * (12 * d * d + 13 * d) + (V + cfg.ctx) * d + dec) + \
-                workspace_bytes(cfg, B, T, tc.readout_blocks, item, nt, decoder=False,
-                                attention=tc.attention)
             if tc.ckpt_every or tc.eval_every:  # evaluations and checkpoints read a copy (nbrgc.boundary)
                 out["checkpoint_snapshot"] = 3 * P * item + (S + 2) * dec * item
     out["total"] = int(sum(out.values()))
