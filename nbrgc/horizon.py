@@ -47,13 +47,9 @@ def resolve_horizon(horizon, n_layer, n_stages=None):
 
 
 def check_aux_weight(aux_weight):
-    try:
-        value = float(aux_weight)
-    except (TypeError, ValueError):
-        raise ConfigError(f"aux_weight must be a number, got {aux_weight!r}") from None
-    if not np.isfinite(value) or value < 0:
-        raise ConfigError(f"aux_weight must be a finite number >= 0, got {aux_weight!r}")
-    return value
+    """``aux_weight`` as a float, or a one-line ConfigError: a finite number >= 0."""
+    from .config import _float
+    return _float("aux_weight", aux_weight, 0.0)
 
 
 def loss_weights(n_stages, aux_weight):

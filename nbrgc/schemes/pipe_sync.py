@@ -35,7 +35,7 @@ from ..horizon import check_aux_weight, check_coverage, decoder_weights, loss_we
 from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
 from ..optim import clip_scale
 from . import StepResult
-from .common import SchemeBase
+from .common import SchemeBase, StagesInTurn
 
 
 def stage_horizon(horizon, stages):
@@ -85,17 +85,17 @@ def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model, stash_sizes=None,
     return out
 
 
-class PipeSync(SchemeBase):
-    def __init__(self, model, tc, horizon=None, aux_weight=None, staleness=None, delay=None, **_):
+class PipeSync(StagesInTurn, SchemeBase):
+    def __init__(self, model, tc, staleness=None, delay=None, **_):
+        """``staleness``, ``delay``: override tc's (rgc-sync runs this with 0 and 0, and then no
+        delay warm-up or delay rescaling either)."""
         super().__init__(model, tc)
         self.stages = split_stages(model.cfg.n_layer, tc.n_stages)
         K = self.K = len(self.stages)
-        self.hops = stage_horizon(tc.horizon if horizon is None else horizon, self.stages)
-        lam = check_aux_weight(tc.aux_weight if aux_weight is None else aux_weight)
+        self.hops = stage_horizon(tc.horizon, self.stages)
+        lam = check_aux_weight(tc.aux_weight)
         check_coverage(model.cfg.n_layer, self.stages,
-                       resolve_horizon(tc.horizon if horizon is None else horizon, model.cfg.n_layer,
-                                       K),
-                       lam)
+                       resolve_horizon(tc.horizon, model.cfg.n_layer, K), lam)
         self.a = loss_weights(K, lam)
         self.S = tc.max_staleness if staleness is None else staleness
         self.d = tc.boundary_delay if delay is None else delay
@@ -122,15 +122,6 @@ class PipeSync(SchemeBase):
 
     def optimizers(self):
         return self.opts + [self.opt_dec] + self.ro_opts
-
-    def eval_workspace(self, B, T):
-        return self._workspace(B, T)
-
-    def _workspace(self, B, T):
-        if self._ws is None or (self._ws.B, self._ws.T) != (B, T):
-            per = self.stages[0][1] - self.stages[0][0]
-            self._ws = self.model.workspace(B, T, 0, per)  # stages run in turn: one is enough
-        return self._ws
 
     # ------------------------------------------------------------------ pipeline state
     def _alloc(self, B, T):
@@ -210,8 +201,6 @@ class PipeSync(SchemeBase):
             self.rgc.slot(0, k)[...] = 0.0
             if self.readout is not None and k < K - 1:
                 self.readout.zero_grad(k)
-        if self.readout is not None:
-            self.readout.shape(*x.shape)
         losses = [self._forward_own(k, t, x, y, ws, pdec) for k in range(K)]
         if self.hops:
             for k in range(K - 2, -1, -1):
@@ -264,7 +253,7 @@ class PipeSync(SchemeBase):
         if k + 1 < self.K:
             self._next_input = out.copy()  # taken before this stage's buffers are reused
         ro = self.readout if k < self.K - 1 else None
-        read = out if ro is None else ro.forward(k, out)  # what the decoder reads
+        read = out if ro is None else ro.forward(k, out, ws.B, ws.T)  # what the decoder reads
         if a == 0.0 and self.cw is not None and self.cw[k] == 0.0:
             return float(m.decoder_loss(read, y, ws, pdec=pdec))  # reported, not trained on
         loss, dh = self.local_loss(k, t, read, y, ws, pdec)

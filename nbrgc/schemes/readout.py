@@ -45,17 +45,14 @@ class Readout:
         lo, hi = self.ranges[k]
         self.model.grad_flat[lo:hi] = 0.0
 
-    def forward(self, k, h):
-        """Stage k's readout blocks on its output ``h``; returns what the decoder reads."""
-        ws = self.workspace(self._B, self._T)
-        return self.model.forward_blocks(h, k * self.N, (k + 1) * self.N, ws)
+    def forward(self, k, h, B, T):
+        """Stage k's readout blocks on its output ``h`` (micro-batch B x T); returns what the
+        decoder reads."""
+        return self.model.forward_blocks(h, k * self.N, (k + 1) * self.N, self.workspace(B, T))
 
     def backward(self, k, dh):
         """dL/d(stage output) from dL/d(readout output); the blocks' gradients accumulate."""
         return self.model.backward_blocks(dh, k * self.N, (k + 1) * self.N, self._ws)
-
-    def shape(self, B, T):
-        self._B, self._T = B, T
 
     def sumsq(self, k):
         lo, hi = self.ranges[k]
