@@ -69,3 +69,18 @@ class SchemeBase:
                                   f"{len(opts)} (resume with the same --mode and --n-stages)")
         for o, t in zip(opts, steps):
             o.t = int(t)
+
+
+class StagesInTurn:
+    """Mixin of the schemes that run their stages one after another in the calling thread (rgc-sync,
+    pipe-sync): one stage's workspace serves every stage and the evaluation. Needs ``self.stages``
+    and ``self._ws`` (None until the first call)."""
+
+    def eval_workspace(self, B, T):
+        return self._workspace(B, T)
+
+    def _workspace(self, B, T):
+        if self._ws is None or (self._ws.B, self._ws.T) != (B, T):
+            per = self.stages[0][1] - self.stages[0][0]
+            self._ws = self.model.workspace(B, T, 0, per)  # stages run in turn: one is enough
+        return self._ws

@@ -11,10 +11,10 @@ from ..local import (RGCBuffer, consensus_weights, split_stages, stage_backward,
                      stage_sumsq)
 from ..optim import clip_scale
 from . import StepResult
-from .common import SchemeBase
+from .common import SchemeBase, StagesInTurn
 
 
-class RGCSync(SchemeBase):
+class RGCSync(StagesInTurn, SchemeBase):
     def __init__(self, model, tc, **_):
         super().__init__(model, tc)
         self.stages = split_stages(model.cfg.n_layer, tc.n_stages)
@@ -28,15 +28,6 @@ class RGCSync(SchemeBase):
 
     def optimizers(self):
         return self.opts + [self.opt_dec]
-
-    def eval_workspace(self, B, T):
-        return self._workspace(B, T)
-
-    def _workspace(self, B, T):
-        if self._ws is None or (self._ws.B, self._ws.T) != (B, T):
-            per = self.stages[0][1] - self.stages[0][0]
-            self._ws = self.model.workspace(B, T, 0, per)  # stages run in turn: one is enough
-        return self._ws
 
     def submit(self, step, x, y, lr):
         m, tc = self.model, self.tc
