@@ -15,8 +15,8 @@ from nbrgc.schemes import make_scheme
 from nbrgc.schemes.pipe_sync import delays
 
 from conftest import numba_threads
-from test_pipeline_state import ckpt_steps, keep_up_to, run as run_trainer
-from test_schemes import TINY4, losses, run, stage_losses
+from test_pipeline_state import ckpt_steps, data, keep_up_to, run as run_trainer  # noqa: F401
+from test_schemes import TINY4, losses, run, stage_losses, text  # noqa: F401  (data, text: fixtures)
 
 
 def test_corner_rgc_sync(text):
@@ -148,21 +148,6 @@ def test_cadence_stop_and_resume_leave_the_trajectory(data, tmp_path, kw):
     # another delay is another trajectory: refused on resume
     with pytest.raises(CheckpointError, match="boundary_delay 1, this run has 2"):
         run_trainer(data, out=full_dir, resume=True, **dict(kw, boundary_delay=2, steps=60))
-
-
-@pytest.fixture(scope="module")
-def data():
-    from nbrgc.data import load_dataset
-    return load_dataset("default", log=None)
-
-
-@pytest.fixture(scope="module")
-def text(request):
-    try:
-        return request.getfixturevalue("enwik6")
-    except pytest.skip.Exception:
-        from nbrgc.data.default import CORPUS_FILE
-        return np.fromfile(CORPUS_FILE, np.uint8)[:100_000]
 
 
 @pytest.mark.parametrize("replay", ["stashed", "predicted"])
