@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce the speed, memory and profile files in benchmarks/. Run on a quiet machine: nothing else
-# on the cores. About 30 minutes on 2 cores.
+# on the cores. Not timed end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks

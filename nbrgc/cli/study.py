@@ -46,9 +46,12 @@ def build_parser():
     s = p.add_argument_group("protocol")
     s.add_argument("--arms", default="all", help="comma list of arms (bp is always included): bp, "
                    "rgc-sync, rgc-async, rgc-async-s0, rgc-async-depthw, rgc-async-identity, "
-                   "rgc-async-identity-depthw, rgc-async-k2, rgc-async-k8, and the diagnostics "
-                   "bp-quarter, bp-half (BP at 1/4 and 1/2 of the layers) (default: all that fit "
-                   "the model)")
+                   "rgc-async-identity-depthw, rgc-async-k2, rgc-async-k8; the schemes between RGC "
+                   "and BP: pipe (pipelined backprop), pipe-stash (with stashed weights), rgc-h1 "
+                   "(losses reach one stage back), rgc-hall (local losses plus the late global "
+                   "gradient), rgc-readout (a private block before each earlier stage's readout); "
+                   "and the diagnostics bp-quarter, bp-half (BP at 1/4 and 1/2 of the layers) "
+                   "(default: all that fit the model)")
     s.add_argument("--seeds", default="5", help="a count N (seeds 0..N-1) or a list 0,3,7 (default: 5)")
     s.add_argument("--tokens", type=integer, default=5_000_000,
                    help="training tokens per main run (default: 5000000)")

@@ -1,8 +1,9 @@
 """The plan of a convergence study: its settings checked, the runs it consists of and the key each
 run's result is filed under.
 
-The plan is the whole sweep first (arm by arm, bp first, every learning rate of the grid on the
-first seed at ``sweep_frac`` of the budget, with its own warm-up and cosine over the shorter run),
+The plan is the whole sweep first (every learning rate of the grid on the first seed at
+``sweep_frac`` of the budget, with its own warm-up and cosine over the shorter run; the grid's
+middle rate of every arm first, then outwards, rank by rank),
 then the main runs seed by seed with every arm of a seed together, so an interrupted study leaves
 complete pairs. A main run of an arm is planned as soon as that arm's sweep is complete (its best lr
 is the one with the lowest final validation bpb; with ``extend_sweep`` a best lr at the edge of the
@@ -215,12 +216,19 @@ class StudyPlan:
     def tasks(self):
         """Every task the study knows of now, in priority order, with its state (done, waiting)."""
         out = []
-        best = {}
+        best, grids = {}, {}
+        mid = math.log(self.sweep_lrs[len(self.sweep_lrs) // 2])
         for arm in self.arms:
             grid, res, b, _ = self.sweep_state(arm)
             best[arm] = b
-            if self.phase in ("sweep", "all"):
-                out += [self.task("sweep", arm, self.seeds[0], lr) for lr in grid]
+            # the grid's middle rate first, then outwards
+            grids[arm] = sorted(grid, key=lambda lr: (abs(math.log(lr) - mid), lr))
+        if self.phase in ("sweep", "all"):
+            # rank by rank across the arms: a study stopped part-way has the likeliest rate of every
+            # arm before a second rate of any
+            for r in range(max(len(g) for g in grids.values())):
+                out += [self.task("sweep", arm, self.seeds[0], grids[arm][r])
+                        for arm in self.arms if r < len(grids[arm])]
         if self.phase in ("main", "all"):
             for s in self.seeds:
                 for arm in self.arms:
