@@ -10,7 +10,7 @@ import numpy as np
 from .config import ModelConfig, check_attention
 from .errors import ConfigError
 from .kernels.blocks import (BLOCK_PARAMS, BLOCKS_BWD, BLOCKS_FWD, BlockActivations, BlockScratch,
-                             decoder_fwd, decoder_fwd_bwd, decoder_logits)
+                             decoder_fwd, decoder_fwd_bwd)
 from .kernels.embedding import embedding_bwd, embedding_fwd
 
 DECODER_PARAMS = ("lnf.w", "lnf.b", "head.w", "head.b")
@@ -233,7 +233,7 @@ class Model:
 
     def embed_backward(self, ws, dh, grad_flat=None):
         g = self.grads if grad_flat is None else self.layout.views(grad_flat)
-        embedding_bwd(ws.tokens, dh, g["wte"], g["wpe"], _threads())
+        embedding_bwd(ws.tokens, dh, g["wte"], g["wpe"])
 
     def forward_blocks(self, h_in, lo, hi, ws, flat=None):
         """Run blocks lo..hi-1 on ``h_in`` (B*T, d), saving activations in ``ws``; returns the output
@@ -304,7 +304,8 @@ class Model:
         ws = self.cached_workspace(*x.shape)
         h = self.forward_blocks(self.embed(x, ws), 0, self.cfg.n_layer, ws)
         lo, hi = self.layout.decoder_range
-        decoder_logits(self.flat[lo:hi], h, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits,
-                       _threads())
+        ws.targets[...] = 0  # the loss's kernel, which keeps the raw logits: one kernel less to compile
+        decoder_fwd(self.flat[lo:hi], h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits,
+                    ws.losses, _threads())
         return ws.logits.reshape(x.shape[0], x.shape[1], -1).copy()
 

@@ -59,7 +59,7 @@ def profiled_loss_and_grad(model, x, y, timer):
                 1.0 / n, nt, plan)
     # the decoder wrote dL/dh into ws.dresid
     blocks.replay_bwd(timer, P, G, offs, 0, L, B, T, H, a, s, ws.dresid, nt, plan, ws.attention)
-    timer("embedding bwd", embedding_bwd, ws.tokens, ws.dresid, model.grads["wte"], model.grads["wpe"], nt)
+    timer("embedding bwd", embedding_bwd, ws.tokens, ws.dresid, model.grads["wte"], model.grads["wpe"])
     return tot / n
 
 

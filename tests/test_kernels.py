@@ -487,7 +487,6 @@ def test_embedding_grad_with_repeated_tokens(data):
     V = data.draw(st.integers(1, 4), label="vocab")  # small: tokens repeat
     ctx = T + data.draw(st.integers(0, 3), label="extra ctx")
     D = data.draw(st.integers(1, 24), label="width")
-    nt = data.draw(threads)
     seed = data.draw(seeds())
     tokens = np.array(data.draw(st.lists(st.integers(0, V - 1), min_size=B * T, max_size=B * T)),
                       np.int32).reshape(B, T)
@@ -505,7 +504,7 @@ def test_embedding_grad_with_repeated_tokens(data):
         return float((R * o).sum())
 
     dwte, dwpe = np.zeros((V, D)), np.zeros((ctx, D))
-    embedding_bwd(tokens, R, dwte, dwpe, nt)
+    embedding_bwd(tokens, R, dwte, dwpe)
     ref_te, ref_pe = np.zeros((V, D)), np.zeros((ctx, D))
     np.add.at(ref_te, tokens.reshape(-1), R)
     np.add.at(ref_pe, np.tile(np.arange(T), B), R)
@@ -514,7 +513,7 @@ def test_embedding_grad_with_repeated_tokens(data):
     assert np.all(dwpe[T:] == 0.0)
     check_grad(f, [wte, wpe], [dwte.copy(), dwpe.copy()], seed=seed)
     # accumulates (+=)
-    embedding_bwd(tokens, R, dwte, dwpe, nt)
+    embedding_bwd(tokens, R, dwte, dwpe)
     np.testing.assert_allclose(dwte, 2 * ref_te, rtol=1e-12, atol=1e-12)
 
 
@@ -703,7 +702,7 @@ def _every_parallel_kernel(n_rows, d, seed=0):
     _copy_add_bias(X, b, o["bias"])
     embedding_fwd(tokens, f(256, d), f(T, d), o["emb"])
     dwte, dwpe = np.zeros((256, d), np.float32), np.zeros((T, d), np.float32)
-    embedding_bwd(tokens, X, dwte, dwpe, 2)
+    embedding_bwd(tokens, X, dwte, dwpe)
     pre, g = X @ W, np.empty((n_rows, 4 * d), np.float32)
     bias_gelu_fwd(pre, f(4 * d), g)
     g2 = np.empty_like(g)

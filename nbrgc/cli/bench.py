@@ -13,7 +13,7 @@ from . import OneLineParser, integer, run_main
 def build_parser():
     p = OneLineParser(prog="nbrgc-bench", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="small", help="preset: tiny | small | paper (default small)")
+    p.add_argument("--config", default="small", help="preset: tiny | small | deep | paper | demo (default small)")
     for name in ("n-layer", "d-model", "n-head", "ctx"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
     p.add_argument("--modes", default="bp,rgc-sync,rgc-async",

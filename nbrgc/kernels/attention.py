@@ -176,13 +176,13 @@ def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv, keep):
     restore_threads(prev)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def attention_fwd(qkv, B, T, H, probs, y):
     """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
     _fwd_heads(qkv, B, T, H, probs, probs[0], y, True)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
     """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is only read (a second backward of
     the same forward gives the same result); ``scratch`` (>= 1, T, T) gives each parallel chunk its
@@ -190,14 +190,14 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
     _bwd_heads(dy, qkv, B, T, H, probs, scratch, scratch, dqkv, True)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def attention_fwd_lean(qkv, B, T, H, scratch, y):
     """qkv (B*T, 3d) -> y (B*T, d), keeping no probabilities: ``scratch`` (>= 1, T, T) gives each
     parallel chunk a buffer for one head's. Same arithmetic as :func:`attention_fwd`."""
     _fwd_heads(qkv, B, T, H, np.empty((0, 0, 0, 0), y.dtype), scratch, y, False)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def attention_bwd_lean(dy, qkv, B, T, H, pscratch, scratch, dqkv):
     """:func:`attention_bwd` after :func:`attention_fwd_lean`: recomputes the probabilities.
     ``pscratch`` and ``scratch`` (>= 1, T, T): a probabilities and a score-gradient buffer per

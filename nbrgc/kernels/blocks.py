@@ -12,14 +12,14 @@ backward recomputes them, one head at a time, into ``probs_scratch``. Each way h
 points (:data:`BLOCKS_FWD`, :data:`BLOCKS_BWD`), chosen in Python, so a run compiles only the
 attention kernels it uses.
 
-The block bodies call every kernel through :func:`run` by a name; compiled, that is the plain call,
-and run as Python they are the profile's replay (:func:`replay`, :mod:`nbrgc.profile`): one sequence
-of kernels for both.
+The block bodies call every kernel through a module-level alias (:data:`KERNELS`); compiled, that is
+the plain call, and run as Python they are the profile's replay (:func:`replay`,
+:mod:`nbrgc.profile`): one sequence of kernels for both.
 """
 from collections import namedtuple
 from contextlib import contextmanager
 
-from numba import literally, njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from .attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
@@ -27,7 +27,6 @@ from .gemm import linear_bwd, linear_fwd, matmul
 from .layernorm import layernorm_apply, layernorm_bwd, layernorm_fwd
 from .loss import xent_fwd, xent_fwd_bwd
 from .mlp import bias_gelu_fwd, gelu_bwd, gelu_fwd
-from .serial import LIGHT, restore_threads, serial_below
 
 BLOCK_PARAMS = ("ln1.w", "ln1.b", "attn.wqkv", "attn.bqkv", "attn.wo", "attn.bo",
                 "ln2.w", "ln2.b", "mlp.w1", "mlp.b1", "mlp.w2", "mlp.b2")
@@ -61,91 +60,99 @@ BlockScratch = namedtuple("BlockScratch", (
 ))
 
 
-@njit(parallel=True, nogil=True, cache=True, error_model="numpy")
+# Serial, like the embedding (nbrgc.kernels.embedding): one light pass over N*d elements, serial
+# below SERIAL_WORK anyway, and a parallel region would cost a cold start about 2 s of compiling.
+@njit(nogil=True, cache=True, error_model="numpy")
 def _copy_add_bias(x, b, out):
-    prev = serial_below(x.size // LIGHT)
-    for i in prange(x.shape[0]):
+    for i in range(x.shape[0]):
         for j in range(x.shape[1]):
             out[i, j] = x[i, j] + b[j]
-    restore_threads(prev)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _vec(P, o, n):
     return P[o:o + n]
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _mat(P, o, r, c):
     return P[o:o + r * c].reshape((r, c))
 
 
-# Every kernel a block calls, by the name the profile reports it under (nbrgc.profile).
+# Every kernel a block calls, by the name the profile reports it under (nbrgc.profile), and the
+# module-level alias the block bodies call it through. Compiled, an alias is the kernel itself,
+# resolved at compile time: no wrapper function of its own to compile (a wrapper per call site
+# was 17 more functions for LLVM to optimise and emit, a tenth of the first run's compile). Run as
+# Python (the bodies' ``py_func``, see :func:`replay`), the aliases are rebound to wrappers that
+# hand each call to the hook, which is how the profile times the production sequence kernel by
+# kernel.
+ln_fwd = layernorm_fwd
+qkv_fwd = linear_fwd
+attn_fwd = attention_fwd
+attn_fwd_lean = attention_fwd_lean
+add_resid_bias = _copy_add_bias
+proj_fwd = matmul
+up_fwd = matmul
+bias_gelu = bias_gelu_fwd
+down_fwd = matmul
+gelu_again = gelu_fwd
+down_bwd = linear_bwd
+gelu_back = gelu_bwd
+ln_again = layernorm_apply
+up_bwd = linear_bwd
+ln_bwd = layernorm_bwd
+proj_bwd = linear_bwd
+attn_bwd = attention_bwd
+attn_bwd_lean = attention_bwd_lean
+qkv_bwd = linear_bwd
 KERNELS = {
-    "layernorm fwd": layernorm_fwd, "qkv gemm fwd": linear_fwd, "attention fwd": attention_fwd,
-    "attention fwd (keeps no probabilities)": attention_fwd_lean, "residual+bias": _copy_add_bias,
-    "attn-out gemm fwd": matmul, "mlp-up gemm fwd": matmul, "bias+gelu fwd": bias_gelu_fwd,
-    "mlp-down gemm fwd": matmul,
-    "gelu recompute": gelu_fwd, "mlp-down gemm bwd": linear_bwd, "gelu bwd": gelu_bwd,
-    "layernorm recompute": layernorm_apply, "mlp-up gemm bwd": linear_bwd, "layernorm bwd": layernorm_bwd,
-    "attn-out gemm bwd": linear_bwd, "attention bwd": attention_bwd,
-    "attention bwd (recomputes probabilities)": attention_bwd_lean, "qkv gemm bwd": linear_bwd,
+    "layernorm fwd": "ln_fwd", "qkv gemm fwd": "qkv_fwd", "attention fwd": "attn_fwd",
+    "attention fwd (keeps no probabilities)": "attn_fwd_lean", "residual+bias": "add_resid_bias",
+    "attn-out gemm fwd": "proj_fwd", "mlp-up gemm fwd": "up_fwd", "bias+gelu fwd": "bias_gelu",
+    "mlp-down gemm fwd": "down_fwd",
+    "gelu recompute": "gelu_again", "mlp-down gemm bwd": "down_bwd", "gelu bwd": "gelu_back",
+    "layernorm recompute": "ln_again", "mlp-up gemm bwd": "up_bwd", "layernorm bwd": "ln_bwd",
+    "attn-out gemm bwd": "proj_bwd", "attention bwd": "attn_bwd",
+    "attention bwd (recomputes probabilities)": "attn_bwd_lean", "qkv gemm bwd": "qkv_bwd",
 }
-# What run() hands each kernel call to when the block bodies run as Python: (label, kernel, *args).
-_hook = None
 
 
-def run(label, *args):
-    """Call the kernel named ``label`` (:data:`KERNELS`). Compiled, this is the plain call, resolved
-    at compile time; run as Python (the bodies' ``py_func``, see :func:`replay`), it goes through
-    the hook, which is how the profile times the production sequence kernel by kernel."""
-    kernel = KERNELS[label]
-    if _hook is None:
-        return kernel(*args)
-    return _hook(label, kernel, *args)
-
-
-@overload(run)
-def _run(label, *args):
-    if not isinstance(label, types.StringLiteral):
-        return None  # Numba retries with the literal label
-    kernel = KERNELS[label.literal_value]
-
-    def impl(label, *args):
-        kernel(*args)
-    return impl
+def _handing_to(hook, label, kernel):
+    return lambda *args: hook(label, kernel, *args)
 
 
 @contextmanager
 def replay(hook):
-    """Within this, the Python forms of the block bodies hand every kernel call to ``hook``."""
-    global _hook
-    old, _hook = _hook, hook
+    """Within this, the Python forms of the block bodies hand every kernel call to ``hook(label,
+    kernel, *args)``."""
+    here = globals()
+    kernels = {alias: here[alias] for alias in KERNELS.values()}
+    here.update({alias: _handing_to(hook, label, kernels[alias]) for label, alias in KERNELS.items()})
     try:
         yield
     finally:
-        _hook = old
+        here.update(kernels)
 
 
 # The attention forward and backward of each ``attention`` handling ("store" keeps ``probs``;
-# "recompute" keeps none and uses only the scratch). Functions, not a branch in the block body: Numba
-# types a body once before ``literally`` makes ``attention`` a literal, and that first pass would
-# compile the kernels of both branches; the overloads below resolve on the literal and compile only
-# the one a run uses. Run as Python (replay), the same functions are looked up by name.
+# "recompute" keeps none and uses only the scratch). Functions, not a branch in the block body: the
+# overloads below resolve on the literal string the entry point passes (the body is inlined into
+# it, so ``attention`` stays a literal) and compile only the kernels a run uses. Run as Python
+# (replay), the same functions are looked up by name.
 def _fwd_store(attention, qkv, B, T, H, probs, probs_scratch, y):
-    run("attention fwd", qkv, B, T, H, probs, y)
+    attn_fwd(qkv, B, T, H, probs, y)
 
 
 def _fwd_recompute(attention, qkv, B, T, H, probs, probs_scratch, y):
-    run("attention fwd (keeps no probabilities)", qkv, B, T, H, probs_scratch, y)
+    attn_fwd_lean(qkv, B, T, H, probs_scratch, y)
 
 
 def _bwd_store(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-    run("attention bwd", dy, qkv, B, T, H, probs, dprobs, dqkv)
+    attn_bwd(dy, qkv, B, T, H, probs, dprobs, dqkv)
 
 
 def _bwd_recompute(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-    run("attention bwd (recomputes probabilities)", dy, qkv, B, T, H, probs_scratch, dprobs, dqkv)
+    attn_bwd_lean(dy, qkv, B, T, H, probs_scratch, dprobs, dqkv)
 
 
 _ATTEND_FWD = {"store": _fwd_store, "recompute": _fwd_recompute}
@@ -160,74 +167,74 @@ def attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
     _ATTEND_BWD[attention](attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv)
 
 
-@overload(attend_fwd)
+@overload(attend_fwd, inline="always")
 def _attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
     if isinstance(attention, types.StringLiteral):
         return _ATTEND_FWD[attention.literal_value]
     return None
 
 
-@overload(attend_bwd)
+@overload(attend_bwd, inline="always")
 def _attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
     if isinstance(attention, types.StringLiteral):
         return _ATTEND_BWD[attention.literal_value]
     return None
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
-    literally(attention)  # a compile-time literal: see attend_fwd
+    # ``attention`` is the literal its entry point passes (this body is inlined there): see attend_fwd
     d = acts.resid.shape[2]
     for l in range(lo, hi):
         i = l - lo
         o = offs[l]
         x, mid, out = acts.resid[i], acts.mid[i], acts.resid[i + 1]
-        run("layernorm fwd", x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), scr.ln_out,
+        ln_fwd(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d), scr.ln_out,
             acts.ln1_mean[i], acts.ln1_rstd[i])
-        run("qkv gemm fwd", scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d),
+        qkv_fwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d),
             acts.qkv[i], nt)
         attend_fwd(attention, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
                    acts.att_out[i])
-        run("residual+bias", x, _vec(P, o[PROJ_B], d), mid)
-        run("attn-out gemm fwd", acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
-        run("layernorm fwd", mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), scr.ln_out,
+        add_resid_bias(x, _vec(P, o[PROJ_B], d), mid)
+        proj_fwd(acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
+        ln_fwd(mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d), scr.ln_out,
             acts.ln2_mean[i], acts.ln2_rstd[i])
-        run("mlp-up gemm fwd", scr.ln_out, _mat(P, o[UP_W], d, 4 * d), acts.mlp_pre[i], 0.0, nt)
-        run("bias+gelu fwd", acts.mlp_pre[i], _vec(P, o[UP_B], 4 * d), scr.gelu_out)
-        run("residual+bias", mid, _vec(P, o[DOWN_B], d), out)
-        run("mlp-down gemm fwd", scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), out, 1.0, nt)
+        up_fwd(scr.ln_out, _mat(P, o[UP_W], d, 4 * d), acts.mlp_pre[i], 0.0, nt)
+        bias_gelu(acts.mlp_pre[i], _vec(P, o[UP_B], 4 * d), scr.gelu_out)
+        add_resid_bias(mid, _vec(P, o[DOWN_B], d), out)
+        down_fwd(scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), out, 1.0, nt)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention):
-    literally(attention)  # as in _blocks_fwd
+    # ``attention``: as in _blocks_fwd
     d = acts.resid.shape[2]
     for l in range(hi - 1, lo - 1, -1):
         i = l - lo
         o = offs[l]
         x, mid = acts.resid[i], acts.mid[i]
         # MLP: out = mid + gelu(ln2(mid) @ w1 + b1) @ w2 + b2
-        run("gelu recompute", acts.mlp_pre[i], scr.gelu_out)
-        run("mlp-down gemm bwd", scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), dresid, scr.dgelu,
+        gelu_again(acts.mlp_pre[i], scr.gelu_out)
+        down_bwd(scr.gelu_out, _mat(P, o[DOWN_W], 4 * d, d), dresid, scr.dgelu,
             _mat(G, o[DOWN_W], 4 * d, d), _vec(G, o[DOWN_B], d), nt, 0.0, plan[0], plan[1])
-        run("gelu bwd", acts.mlp_pre[i], scr.dgelu)
-        run("layernorm recompute", mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d),
+        gelu_back(acts.mlp_pre[i], scr.dgelu)
+        ln_again(mid, _vec(P, o[LN2_W], d), _vec(P, o[LN2_B], d),
             acts.ln2_mean[i], acts.ln2_rstd[i], scr.ln_out)
-        run("mlp-up gemm bwd", scr.ln_out, _mat(P, o[UP_W], d, 4 * d), scr.dgelu, scr.dln2,
+        up_bwd(scr.ln_out, _mat(P, o[UP_W], d, 4 * d), scr.dgelu, scr.dln2,
             _mat(G, o[UP_W], d, 4 * d), _vec(G, o[UP_B], 4 * d), nt, 0.0, plan[2], plan[3])
-        run("layernorm bwd", scr.dln2, mid, _vec(P, o[LN2_W], d), acts.ln2_mean[i],
+        ln_bwd(scr.dln2, mid, _vec(P, o[LN2_W], d), acts.ln2_mean[i],
             acts.ln2_rstd[i], dresid, _vec(G, o[LN2_W], d), _vec(G, o[LN2_B], d),
             scr.ln_partials, nt, 1.0)
         # attention: mid = x + attn(ln1(x)) @ wo + bo
-        run("attn-out gemm bwd", acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
+        proj_bwd(acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
             _mat(G, o[PROJ_W], d, d), _vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
         attend_bwd(attention, scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
                    scr.dprobs, scr.dqkv)
-        run("layernorm recompute", x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d),
+        ln_again(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d),
             acts.ln1_mean[i], acts.ln1_rstd[i], scr.ln_out)
-        run("qkv gemm bwd", scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), scr.dqkv, scr.dln1,
+        qkv_bwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), scr.dqkv, scr.dln1,
             _mat(G, o[QKV_W], d, 3 * d), _vec(G, o[QKV_B], 3 * d), nt, 0.0, plan[6], plan[7])
-        run("layernorm bwd", scr.dln1, x, _vec(P, o[LN1_W], d), acts.ln1_mean[i],
+        ln_bwd(scr.dln1, x, _vec(P, o[LN1_W], d), acts.ln1_mean[i],
             acts.ln1_rstd[i], dresid, _vec(G, o[LN1_W], d), _vec(G, o[LN1_B], d),
             scr.ln_partials, nt, 1.0)
 
@@ -312,14 +319,3 @@ def decoder_fwd(Pdec, h, targets, lnf, mf, rf, logits, losses, nt):
     linear_fwd(lnf, Pdec[2 * d:2 * d + d * V].reshape((d, V)),
                Pdec[2 * d + d * V:2 * d + d * V + V], logits, nt)
     return xent_fwd(logits, targets, losses)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def decoder_logits(Pdec, h, lnf, mf, rf, logits, nt):
-    d = h.shape[1]
-    V = logits.shape[1]
-    layernorm_fwd(h, Pdec[0:d], Pdec[d:2 * d], lnf, mf, rf)
-    linear_fwd(lnf, Pdec[2 * d:2 * d + d * V].reshape((d, V)),
-               Pdec[2 * d + d * V:2 * d + d * V + V], logits, nt)
-
-

@@ -121,20 +121,20 @@ def _split_gemm(ta, tb, A, B, C, beta, nt, split, min_block):
     restore_threads(prev)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def matmul(A, B, C, beta, nt):
     """C = A @ B + beta C, rows of C split over ``nt`` threads."""
     _split_gemm(_F, _F, A, B, C, beta, nt, _i(0), _i(16))
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def matmul_nt(A, B, C, beta, nt, split=0):
     """C = A @ B.T + beta C (data gradients: dX = dY W^T), rows (split 0) or columns (split 1) of C
     over threads (see nbrgc.kernels.gemm_plan for which the model uses)."""
     _split_gemm(_F, _T, A, B, C, beta, nt, _i(split), _i(16))
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def matmul_tn(A, B, C, beta, nt, split=0):
     """C = A.T @ B + beta C (weight gradients: dW = X^T dY), rows (split 0) or columns (split 1) of C
     over threads."""
@@ -175,7 +175,7 @@ def colsum_acc(dY, db, nt):
     restore_threads(prev)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def linear_fwd(X, W, b, Y, nt):
     """Y = X @ W + b."""
     matmul(X, W, Y, 0.0, nt)
@@ -216,7 +216,7 @@ def _bwd_tasks(X, W, dY, dX, dW, db, nt, dx_beta):
     restore_threads(prev)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def linear_bwd(X, W, dY, dX, dW, db, nt, dx_beta, split_w=0, split_x=0):
     """dW += X^T dY, db += colsum(dY), dX = dY W^T + dx_beta * dX.
 

@@ -67,13 +67,17 @@ class _Compiles:
 
 
 # On a machine's first run of a version, two helper processes compile the kernels into the cache (the
-# blocks' backward and the update in one, about half the work; the rest in the other: Numba compiles
-# in the calling thread only), and this process then loads them all. Loading matters as much as the
+# backward kernels, the decoder's included, and the update in one; the forward, evaluation and the
+# rest in the other: about half the work each, measured, and Numba compiles in the calling thread
+# only), and this process then loads them all. Loading matters as much as the
 # second core: a kernel compiled in this process can round its reassociated reductions differently
 # from the same kernel loaded from the cache (docs/schemes.md), so a first run computing with freshly
 # compiled code would not repeat its own results on the second run.
 PARTS = ("backward and update", "the rest")
-_FIRST = ("blocks backward", "AdamW")  # PARTS[0]'s steps
+# PARTS[0]'s steps, in the order it compiles them: the blocks' backward first, so that by the time it
+# reaches the decoder, the other helper has cached the forward kernels the two share (a kernel the
+# other process has cached is loaded, not compiled again).
+_FIRST = ("blocks backward", "decoder forward and backward", "AdamW")
 
 
 def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
@@ -121,7 +125,11 @@ def _spawn(dtype, attention, mode, part):
     """``python -m nbrgc.kernels.warmup`` compiling one of PARTS into the shared cache. The two may
     write one kernel's cache index at once (a kernel both parts use with different signatures); a
     lost entry only means this process compiles that kernel itself."""
-    env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"))
+    # the package's parent folder first on the path: bin/ runs it from a checkout that pip has not
+    # installed, and the helper must import this very copy
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"), PYTHONPATH=path)
     return subprocess.Popen([sys.executable, "-m", "nbrgc.kernels.warmup", np.dtype(dtype).name,
                              attention, mode, part], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
@@ -217,9 +225,9 @@ def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=F
 
 def _child(dtype, attention, mode, part):
     first = part == PARTS[0]
-    for what, call in steps(np.dtype(dtype).type, attention, mode, skip_forward=first):
-        if (what in _FIRST) == first:
-            call()
+    todo = dict(steps(np.dtype(dtype).type, attention, mode, skip_forward=first))
+    for what in (_FIRST if first else [w for w in todo if w not in _FIRST]):
+        todo[what]()
 
 
 if __name__ == "__main__":
