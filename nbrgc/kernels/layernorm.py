@@ -10,52 +10,40 @@ from .fastmath import FLAGS
 from .serial import restore_threads, serial_below
 
 EPS = 1e-5
-# The branch flag as a runtime value: a literal True/False would compile the kernel once per value
-# (see the constants in nbrgc.kernels.gemm), which is what one kernel for both was to save.
-_YES, _NO = np.bool_(True), np.bool_(False)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def layernorm_rows(X, w, b, Y, mean, rstd, stats):
-    """The forward (``stats``: computes and stores the row statistics) and its recompute from the
-    stored ones (the backward needs the output; storing it costs memory), one parallel kernel for
-    both: each parallel kernel costs a cold start about 2 s of compiling. Each branch is its own
-    loop, as the two kernels were: the forward normalises with its float64 statistics, the
-    recompute with the stored float32 ones."""
+def layernorm_fwd(X, w, b, Y, mean, rstd):
     N, D = X.shape
     prev = serial_below(N * D)
     for i in prange(N):
-        if stats:
-            m = 0.0
-            for j in range(D):
-                m += X[i, j]
-            m /= D
-            v = 0.0
-            for j in range(D):
-                t = X[i, j] - m
-                v += t * t
-            r = 1.0 / np.sqrt(v / D + EPS)
-            mean[i] = m
-            rstd[i] = r
-            for j in range(D):
-                Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
-        else:
-            ms = mean[i]
-            rs = rstd[i]
-            for j in range(D):
-                Y[i, j] = (X[i, j] - ms) * rs * w[j] + b[j]
+        m = 0.0
+        for j in range(D):
+            m += X[i, j]
+        m /= D
+        v = 0.0
+        for j in range(D):
+            t = X[i, j] - m
+            v += t * t
+        r = 1.0 / np.sqrt(v / D + EPS)
+        mean[i] = m
+        rstd[i] = r
+        for j in range(D):
+            Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
     restore_threads(prev)
 
 
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def layernorm_fwd(X, w, b, Y, mean, rstd):
-    layernorm_rows(X, w, b, Y, mean, rstd, _YES)
-
-
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def layernorm_apply(X, w, b, mean, rstd, Y):
-    """Recompute the forward output from saved statistics."""
-    layernorm_rows(X, w, b, Y, mean, rstd, _NO)
+    """Recompute the forward output from saved statistics (backward needs it; storing it costs memory)."""
+    N, D = X.shape
+    prev = serial_below(N * D)
+    for i in prange(N):
+        m = mean[i]
+        r = rstd[i]
+        for j in range(D):
+            Y[i, j] = (X[i, j] - m) * r * w[j] + b[j]
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")

@@ -6,43 +6,29 @@ from .fastmath import FLAGS, fexp, fmax
 from .serial import restore_threads, serial_below
 
 _ZERO = np.float32(0.0)  # float32 literals keep float32 rows in float32 (and vectorised)
-# The branch flag as a runtime value: a literal True/False would compile the kernel once per value
-# (see the constants in nbrgc.kernels.gemm), which is what one kernel for both was to save.
-_YES, _NO = np.bool_(True), np.bool_(False)
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def xent_rows(logits, targets, losses, scale, grad):
-    """Row losses into ``losses``; returns their sum. With ``grad``: logits <- scale * (softmax -
-    onehot); without, the logits are left untouched (evaluation). One parallel kernel for both (each
-    costs a cold start about 2 s of compiling); each branch is its own loop, as the two kernels were."""
+def xent_fwd_bwd(logits, targets, losses, scale):
+    """Row losses into ``losses``; logits <- scale * (softmax - onehot). Returns the sum of losses."""
     N, V = logits.shape
     prev = serial_below(N * V)
     for i in prange(N):
-        if grad:
-            t = targets[i]
-            lt = logits[i, t]
-            m = logits[i, 0]
-            for j in range(V):
-                m = fmax(m, logits[i, j])
-            s = _ZERO
-            for j in range(V):
-                e = fexp(logits[i, j] - m)
-                logits[i, j] = e
-                s += e
-            losses[i] = np.log(s) + m - lt
-            inv = 1.0 / s
-            for j in range(V):
-                logits[i, j] *= inv * scale
-            logits[i, t] -= scale
-        else:
-            m = logits[i, 0]
-            for j in range(V):
-                m = fmax(m, logits[i, j])
-            s = _ZERO
-            for j in range(V):
-                s += fexp(logits[i, j] - m)
-            losses[i] = np.log(s) + m - logits[i, targets[i]]
+        t = targets[i]
+        lt = logits[i, t]
+        m = logits[i, 0]
+        for j in range(V):
+            m = fmax(m, logits[i, j])
+        s = _ZERO
+        for j in range(V):
+            e = fexp(logits[i, j] - m)
+            logits[i, j] = e
+            s += e
+        losses[i] = np.log(s) + m - lt
+        inv = 1.0 / s
+        for j in range(V):
+            logits[i, j] *= inv * scale
+        logits[i, t] -= scale
     restore_threads(prev)
     tot = 0.0
     for i in range(N):
@@ -50,13 +36,21 @@ def xent_rows(logits, targets, losses, scale, grad):
     return tot
 
 
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def xent_fwd_bwd(logits, targets, losses, scale):
-    """Row losses into ``losses``; logits <- scale * (softmax - onehot). Returns the sum of losses."""
-    return xent_rows(logits, targets, losses, scale, _YES)
-
-
-@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+@njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
 def xent_fwd(logits, targets, losses):
     """Row losses only (evaluation); logits are left untouched. Returns the sum."""
-    return xent_rows(logits, targets, losses, 1.0, _NO)
+    N, V = logits.shape
+    prev = serial_below(N * V)
+    for i in prange(N):
+        m = logits[i, 0]
+        for j in range(V):
+            m = fmax(m, logits[i, j])
+        s = _ZERO
+        for j in range(V):
+            s += fexp(logits[i, j] - m)
+        losses[i] = np.log(s) + m - logits[i, targets[i]]
+    restore_threads(prev)
+    tot = 0.0
+    for i in range(N):
+        tot += losses[i]
+    return tot

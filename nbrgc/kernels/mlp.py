@@ -17,9 +17,6 @@ _LIM = np.float32(40.0)
 # float32 literals: a float64 literal would promote every float32 element to float64 (half the
 # vector width, and the scalar float64 exp). They are exact, so float64 inputs lose nothing.
 _ONE = np.float32(1.0)
-# The branch flag as a runtime value: a literal True/False would compile the kernel once per value
-# (see the constants in nbrgc.kernels.gemm), which is what one kernel for both was to save.
-_YES, _NO = np.bool_(True), np.bool_(False)
 
 
 @njit(nogil=True, inline="always", cache=True, error_model="numpy")
@@ -30,36 +27,31 @@ def _sig2u(x):
 
 
 @njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
-def gelu_rows(pre, b, out, add):
-    """out = gelu(pre), with ``add``: pre += b first (kept for the backward). The forward and the
-    backward's recompute in one parallel kernel (each costs a cold start about 2 s of compiling);
-    each branch is its own loop, as the two kernels were."""
+def bias_gelu_fwd(pre, b, out):
+    """pre += b (kept for the backward), out = gelu(pre)."""
     N, M = pre.shape
     prev = serial_below(N * M)
     for i in prange(N):
         p = pre[i]
         o = out[i]
-        if add:
-            for j in range(M):
-                x = p[j] + b[j]
-                p[j] = x
-                o[j] = x * _sig2u(x)
-        else:
-            for j in range(M):
-                x = p[j]
-                o[j] = x * _sig2u(x)
+        for j in range(M):
+            x = p[j] + b[j]
+            p[j] = x
+            o[j] = x * _sig2u(x)
     restore_threads(prev)
 
 
-@njit(nogil=True, inline="always", cache=True, error_model="numpy")
-def bias_gelu_fwd(pre, b, out):
-    """pre += b (kept for the backward), out = gelu(pre)."""
-    gelu_rows(pre, b, out, _YES)
-
-
-@njit(nogil=True, inline="always", cache=True, error_model="numpy")
+@njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
 def gelu_fwd(pre, out):
-    gelu_rows(pre, pre[0], out, _NO)  # the bias argument is not read
+    N, M = pre.shape
+    prev = serial_below(N * M)
+    for i in prange(N):
+        p = pre[i]
+        o = out[i]
+        for j in range(M):
+            x = p[j]
+            o[j] = x * _sig2u(x)
+    restore_threads(prev)
 
 
 @njit(parallel=True, nogil=True, fastmath=FLAGS, cache=True, error_model="numpy")
