@@ -352,7 +352,8 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path, monkeypatch):
     assert cut["runs"]["done"] == 0 and cut["verdicts"]["rgc-sync"]["n_paired"] == 0
     monkeypatch.setattr(Trainer, "emit", real_emit)
     rep = _study(tmp_path, name="cut", **common).run()
-    first = json.loads(Path(st.out, "results", "sweep-bp-s0-lr0.001.json").read_text())
+    # the first run the plan starts: bp at the grid's middle rate
+    first = json.loads(Path(st.out, "results", "sweep-bp-s0-lr0.002.json").read_text())
     assert first["resumed"] is True and [p[0] for p in first["curve"]] == [4, 8]
     assert rep["arms"]["bp"]["sweep"]["val_bpb"] == ref["arms"]["bp"]["sweep"]["val_bpb"]
     assert rep["arms"]["rgc-sync"]["sweep"]["val_bpb"] == ref["arms"]["rgc-sync"]["sweep"]["val_bpb"]

@@ -300,7 +300,7 @@ def _class_tables(rep):
             for c, a in best.items()) + "."]
     if g and len(arms) > 1:
         L += ["", "### The gap as training goes on (validation bpb, mean over paired seeds)", "",
-              "| arm | " + " | ".join(f"{t / 1e6:g} M tokens" for t in g["tokens"]) + " |",
+              "| arm | " + " | ".join(f"{t / 1e6:.3g} M tokens" for t in g["tokens"]) + " |",
               "|---|" + "---:|" * len(g["tokens"])]
         L += [f"| {a} | " + " | ".join(_pct(x) for x in g.get(a, [])) + " |" for a in arms
               if a != BASE]
