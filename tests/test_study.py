@@ -51,10 +51,12 @@ def test_every_arm_maps_to_its_train_config():
             "pipe": ("pipe-sync", 0, "uniform", "standard"),
             "pipe-stash": ("pipe-sync", 0, "uniform", "standard"),
             "rgc-h1": ("pipe-sync", 1, "uniform", "standard"),
+            "rgc-h1-d0": ("pipe-sync", 1, "uniform", "standard"),
             "rgc-hall": ("pipe-sync", 1, "uniform", "standard"),
             "rgc-readout": ("pipe-sync", 1, "uniform", "standard")}
     objective = {"pipe": ("all", 0.0, "current"), "pipe-stash": ("all", 0.0, "stashed"),
-                 "rgc-h1": ("stage", 1.0, "current"), "rgc-hall": ("all", 1.0, "current")}
+                 "rgc-h1": ("stage", 1.0, "current"), "rgc-h1-d0": ("stage", 1.0, "current"),
+                 "rgc-hall": ("all", 1.0, "current")}
     assert list(study.ARMS) == list(want)
     for arm, (mode, s, cons, init) in want.items():
         tc = study.train_config(arm, base, 3, 2e-3, 200, 8)
@@ -63,7 +65,7 @@ def test_every_arm_maps_to_its_train_config():
         assert tc.n_stages == {"bp": 1, "bp-quarter": 1, "bp-half": 1, "rgc-async-k8": 8}.get(arm, 2)
         h, aux, replay = objective.get(arm, ("0", 1.0, "current"))
         assert (tc.horizon, tc.aux_weight, tc.replay_weights) == (h, aux, replay), arm
-        assert tc.boundary_delay == 1 and tc.delay_warmup == 0
+        assert tc.boundary_delay == (0 if arm == "rgc-h1-d0" else 1) and tc.delay_warmup == 0
         assert tc.readout_blocks == (1 if arm == "rgc-readout" else 0)
     for K in (4, 8):  # an arm's own stage count holds whatever the study's
         assert study.train_config("rgc-async-k2", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == 2

@@ -48,7 +48,7 @@ def build_parser():
                    "rgc-sync, rgc-async, rgc-async-s0, rgc-async-depthw, rgc-async-identity, "
                    "rgc-async-identity-depthw, rgc-async-k2, rgc-async-k8; the schemes between RGC "
                    "and BP: pipe (pipelined backprop), pipe-stash (with stashed weights), rgc-h1 "
-                   "(losses reach one stage back), rgc-hall (local losses plus the late global "
+                   "(losses reach one stage back, one step late; rgc-h1-d0: in the same step), rgc-hall (local losses plus the late global "
                    "gradient), rgc-readout (a private block before each earlier stage's readout); "
                    "and the diagnostics bp-quarter, bp-half (BP at 1/4 and 1/2 of the layers) "
                    "(default: all that fit the model)")

@@ -52,6 +52,8 @@ ARMS.update({
                        replay_weights="stashed"),
     # RGC (decoder staleness 1, as rgc-async) whose losses also reach one stage back, one step late
     "rgc-h1": dict(_PIPE, horizon="stage", aux_weight=1.0, max_staleness=1),
+    # the same horizon with its gradient in the same step (no boundary delay): what the delay costs
+    "rgc-h1-d0": dict(_PIPE, horizon="stage", aux_weight=1.0, max_staleness=1, boundary_delay=0),
     # the stage losses as auxiliaries of the late global gradient
     "rgc-hall": dict(_PIPE, horizon="all", aux_weight=1.0, max_staleness=1),
     # RGC with one private block in front of each earlier stage's readout
@@ -60,7 +62,7 @@ ARMS.update({
 DIAGNOSTIC = ("bp-quarter", "bp-half")
 CROSSES = {a: ("everything" if a.startswith("bp") else "nothing") for a in ARMS}
 CROSSES.update({"pipe": "everything, late", "pipe-stash": "everything, late",
-                "rgc-hall": "everything, late", "rgc-h1": "one hop"})
+                "rgc-hall": "everything, late", "rgc-h1": "one hop", "rgc-h1-d0": "one hop"})
 
 
 def parse_arms(text):
