@@ -133,6 +133,7 @@ class TrainConfig:
     min_lr_frac: float = 0.1      # cosine decays to lr * min_lr_frac
     warmup: int = None            # None: 5% of steps
     weight_decay: float = 0.1
+    optimizer: str = "adamw"      # adamw | muon (Muon on the blocks' matrices, AdamW on the rest)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -158,7 +159,7 @@ class TrainConfig:
     aux_weight: float = None      # weight of the stages' own losses beside the last one's
     boundary_delay: int = 1       # pipe-sync: steps a boundary gradient takes per hop
     delay_warmup: int = 0         # pipe-sync: the first N steps run with no boundary delay
-    replay_weights: str = "current"  # pipe-sync: current | stashed | predicted (nbrgc.schemes.pipe_sync)
+    replay_weights: str = "current"  # pipe-sync: current | stashed | predicted | momentum (nbrgc.schemes.pipe_sync)
     readout_blocks: int = 0       # rgc-sync, pipe-sync: private blocks before each stage's readout
     delay_lr_power: float = 0.0   # pipe-sync: a delayed stage steps at lr / (1 + D_k)^p
 
@@ -184,6 +185,8 @@ class TrainConfig:
         object.__setattr__(self, "lr", _float("lr", self.lr, 0.0, lo_open=True))
         object.__setattr__(self, "min_lr_frac", _float("min_lr_frac", self.min_lr_frac, 0.0, 1.0))
         object.__setattr__(self, "weight_decay", _float("weight_decay", self.weight_decay, 0.0))
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         object.__setattr__(self, "beta1", _float("beta1", self.beta1, 0.0, 1.0))
         object.__setattr__(self, "beta2", _float("beta2", self.beta2, 0.0, 1.0))
         if self.beta1 >= 1.0 or self.beta2 >= 1.0:
@@ -273,7 +276,8 @@ class TrainConfig:
 ATTENTION = ("store", "recompute")
 CONSENSUS = ("uniform", "depth", "last")
 STAGE_INIT = ("standard", "identity")
-REPLAY_WEIGHTS = ("current", "stashed", "predicted")
+OPTIMIZERS = ("adamw", "muon")
+REPLAY_WEIGHTS = ("current", "stashed", "predicted", "momentum")
 
 
 def check_attention(value):

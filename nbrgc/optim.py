@@ -26,6 +26,51 @@ class AdamW:
                      self.mask, lr, self.beta1, self.beta2, self.eps, self.wd, self.t, gscale)
 
 
+MUON_MATRICES = ("attn.wqkv", "attn.wo", "mlp.w1", "mlp.w2")  # the blocks' hidden matrices
+MUON_BETA = 0.95  # Muon's usual momentum
+
+
+class Muon(AdamW):
+    """Muon on the blocks' hidden matrices inside [lo, hi) (:data:`MUON_MATRICES`), AdamW on the rest
+    (embeddings, LayerNorms, biases, the decoder), as Muon is used in practice. The momentum lives
+    in M (V stays zero on the matrices), so a checkpoint holds the same two arrays as AdamW's."""
+
+    def __init__(self, P, G, M, V, decay_mask, lo, hi, layout, **kw):
+        super().__init__(P, G, M, V, decay_mask, lo, hi, **kw)
+        mats = []
+        for name, shape in layout.shapes.items():
+            off = layout.offsets[name]
+            if name.split(".", 2)[-1] in MUON_MATRICES and name.startswith("h.") and lo <= off < hi:
+                mats.append((off - lo, off - lo + int(shape[0] * shape[1]), shape))
+        self.matrices = mats
+        self.segments, at = [], 0  # the AdamW parts between the matrices, relative to lo
+        for a, b, _ in mats:
+            if a > at:
+                self.segments.append((at, a))
+            at = b
+        if hi - lo > at:
+            self.segments.append((at, hi - lo))
+
+    def step(self, lr, gscale=1.0, P=None, G=None):
+        from .kernels.muon import NS_STEPS, muon_update
+        self.t += 1
+        P = self.P if P is None else P
+        G = self.G if G is None else G
+        for a, b in self.segments:
+            adamw_update(P[a:b], G[a:b], self.M[a:b], self.V[a:b], self.mask[a:b], lr, self.beta1,
+                         self.beta2, self.eps, self.wd, self.t, gscale)
+        for a, b, shape in self.matrices:
+            muon_update(P[a:b].reshape(shape), G[a:b].reshape(shape), self.M[a:b].reshape(shape),
+                        lr, MUON_BETA, self.wd, gscale, NS_STEPS)
+
+
+def make_optimizer(kind, P, G, M, V, decay_mask, lo, hi, layout, **kw):
+    """``adamw`` or ``muon`` (:class:`Muon`) over the slice [lo, hi) of the flat buffers."""
+    if kind == "muon":
+        return Muon(P, G, M, V, decay_mask, lo, hi, layout, **kw)
+    return AdamW(P, G, M, V, decay_mask, lo, hi, **kw)
+
+
 def clip_scale(sq, max_norm):
     """Scale factor for a gradient with squared norm ``sq`` (1 when clipping is off or not needed)."""
     norm = math.sqrt(sq)

@@ -72,3 +72,13 @@ from hypothesis import settings as _hsettings
 _hsettings.register_profile("nbrgc-ci", derandomize=True, deadline=None, print_blob=True)
 _hsettings.register_profile("nbrgc-explore", deadline=None, print_blob=True)
 _hsettings.load_profile("nbrgc-explore" if _os.environ.get("NBRGC_HYPOTHESIS_EXPLORE") else "nbrgc-ci")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core up to 4. Most tests are single-threaded compiled loops or
+    subprocesses; more workers than that mostly add kernel-cache loading and memory."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))

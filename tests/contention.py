@@ -14,6 +14,9 @@ import threading
 import pytest
 
 ATTEMPTS = 5  # a run on a loaded machine may happen to run the loops one after another
+# NBRGC_CONTENTION_REPEAT=N checks each contention test N times in one test call: how the suite
+# shows, inside a full (loaded, parallel) run, that the harness never lacks contention
+REPEAT = max(1, int(os.environ.get("NBRGC_CONTENTION_REPEAT", "1") or 1))
 
 
 def usable_cores():
@@ -41,10 +44,15 @@ def run_threads(n, target, args_for):
 
 def contended(run_once):
     """Call ``run_once()`` (it returns the plain counter's final value and the number of increments
-    the threads made) until a run loses plain increments, at most ATTEMPTS times; returns that
-    run's attempt number. Skips on one core; fails if no run showed an overlap."""
+    the threads made) until a run loses plain increments, at most ATTEMPTS times; returns the
+    attempt numbers (one per repeat, NBRGC_CONTENTION_REPEAT). Skips on one core; fails if no run
+    of a repeat showed an overlap."""
     if usable_cores() < 2:
         pytest.skip("one usable core: threads never run at the same time, contention cannot be produced")
+    return [_contended_once(run_once) for _ in range(REPEAT)]
+
+
+def _contended_once(run_once):
     seen = []
     for attempt in range(ATTEMPTS):
         plain, expected_plain = run_once()

@@ -150,7 +150,7 @@ def test_cadence_stop_and_resume_leave_the_trajectory(data, tmp_path, kw):
         run_trainer(data, out=full_dir, resume=True, **dict(kw, boundary_delay=2, steps=60))
 
 
-@pytest.mark.parametrize("replay", ["stashed", "predicted"])
+@pytest.mark.parametrize("replay", ["stashed", "predicted", "momentum"])
 def test_stashed_weights_give_the_exact_delayed_gradient(text, replay):
     """With every stage replaying on the weights its micro-batch's forward used, stage k's gradient at
     step t is the true gradient of micro-batch s = t - D_k at the parameters of step s (decoupled
@@ -172,6 +172,7 @@ def test_stashed_weights_give_the_exact_delayed_gradient(text, replay):
             x, y = batches.next()
             seen.append((x, y))
             before = model.flat.copy()
+            moments = [(o.M.copy(), o.V.copy(), o.t) for o in sc.opts]
             sc.submit(t, x, y, 3e-3)
             sc.poll()
             used = before.copy()  # the parameters step t's forward ran on
@@ -181,6 +182,14 @@ def test_stashed_weights_give_the_exact_delayed_gradient(text, replay):
                     # W_prev: the weights before the last update (none yet at step 0)
                     prev = last_before[plo:phi] if t else before[plo:phi]
                     want = before[plo:phi] + D[k] * (before[plo:phi] - prev)
+                    np.testing.assert_allclose(used[plo:phi], want, rtol=1e-12, atol=1e-15)
+                elif replay == "momentum":
+                    # D_k of AdamW's current steps ahead (none before its first step)
+                    M, V, n = moments[k]
+                    want = before[plo:phi].copy()
+                    if n:
+                        mhat, vhat = M / (1 - 0.9 ** n), V / (1 - 0.95 ** n)
+                        want -= D[k] * 3e-3 * mhat / (np.sqrt(vhat) + 1e-8)
                     np.testing.assert_allclose(used[plo:phi], want, rtol=1e-12, atol=1e-15)
                 else:
                     assert np.array_equal(used[plo:phi], before[plo:phi])

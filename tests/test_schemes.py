@@ -261,8 +261,8 @@ def test_rgc_async_stage_profile_and_prompt_shutdown(text):
     for t in range(6):
         sc.submit(t, *b.next(), lr_at(t, tc))
         sc.poll()
-    time.sleep(0.2)  # every step done: stage 0 now sits in its input wait, stage 1 in its ring wait
-    sc.drain()
+    sc.drain()  # every step done, however loaded the machine: the stages now wait for input
+    time.sleep(0.2)  # stage 0 in its input wait, stage 1 in its ring wait
     sc.close()
     assert not stage_threads_alive()
     prof = sc.stage_profile()  # after close: a wait is counted when it ends

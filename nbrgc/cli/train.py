@@ -24,7 +24,7 @@ def build_parser():
     from dataclasses import fields
 
     from ..config import (ATTENTION, CONSENSUS, DEFAULT_PRESET, DERIVED_DEFAULTS, MODES, ON_NAN,
-                          PRESET_LR, PRESETS, REPLAY_WEIGHTS, STAGE_INIT, TrainConfig)
+                          OPTIMIZERS, PRESET_LR, PRESETS, REPLAY_WEIGHTS, STAGE_INIT, TrainConfig)
     # every training default is TrainConfig's: the flags only say it
     D = {f.name: f.default for f in fields(TrainConfig)}
 
@@ -78,7 +78,8 @@ def build_parser():
                    help="pipe-sync: the late backward recomputes a stage's forward with its current "
                         "weights, with the stashed weights that micro-batch's forward used, or "
                         "(predicted) runs that forward on weights extrapolated to the step its "
-                        "gradient lands, W + D (W - W_prev), and replays on them")
+                        "gradient lands, W + D (W - W_prev), or (momentum) D Adam steps ahead along "
+                        "its moments, and replays on them")
     g.add_argument("--delay-lr-power", type=finite_number, default=D["delay_lr_power"],
                    help="pipe-sync: a stage whose gradient is D steps late steps at lr / (1 + D)^p")
     g.add_argument("--readout-blocks", type=int, default=D["readout_blocks"],
@@ -103,6 +104,13 @@ def build_parser():
                    help="linear warm-up steps" + derived("warmup").replace("%", "%%"))
     g.add_argument("--weight-decay", type=finite_number, default=D["weight_decay"],
                    help="AdamW decoupled weight decay")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=D["optimizer"],
+                   help="adamw, or muon: Muon (orthogonalised momentum) on the blocks' matrices, "
+                        "AdamW on embeddings, LayerNorms, biases and the decoder, at the same --lr")
+    g.add_argument("--beta1", type=finite_number, default=D["beta1"],
+                   help="AdamW's first-moment decay (momentum)")
+    g.add_argument("--beta2", type=finite_number, default=D["beta2"],
+                   help="AdamW's second-moment decay")
     g.add_argument("--grad-clip", type=finite_number, default=D["grad_clip"],
                    help="clip the gradient norm to this (per stage for RGC); 0 disables")
     g.add_argument("--on-nan", default=D["on_nan"], help=" | ".join(ON_NAN) + ": on a non-finite "
@@ -169,7 +177,7 @@ def parse(argv=None):
         eval_every = a.eval_every if a.eval_every is not None else 200
     tc = TrainConfig(mode=a.mode, steps=steps,
                      batch=batch, seq=a.seq, lr=a.lr if a.lr is not None else preset_lr(a.config), min_lr_frac=a.min_lr_frac, warmup=warmup,
-                     weight_decay=a.weight_decay, grad_clip=a.grad_clip, eval_every=eval_every,
+                     weight_decay=a.weight_decay, optimizer=a.optimizer, beta1=a.beta1, beta2=a.beta2, grad_clip=a.grad_clip, eval_every=eval_every,
                      eval_batches=a.eval_batches, log_every=a.log_every, seed=a.seed,
                      threads=a.threads, n_stages=a.n_stages,
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,

@@ -77,7 +77,7 @@ PARTS = ("backward and update", "the rest")
 # PARTS[0]'s steps, in the order it compiles them: the blocks' backward first, so that by the time it
 # reaches the decoder, the other helper has cached the forward kernels the two share (a kernel the
 # other process has cached is loaded, not compiled again).
-_FIRST = ("blocks backward", "decoder forward and backward", "AdamW")
+_FIRST = ("AdamW", "gradient norm", "embedding backward", "blocks backward", "decoder forward and backward")
 
 
 def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):

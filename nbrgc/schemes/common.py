@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from ..errors import DivergenceError
-from ..optim import AdamW
+from ..optim import make_optimizer
 
 
 class SchemeBase:
@@ -16,8 +16,9 @@ class SchemeBase:
 
     def _adamw(self, lo, hi):
         tc, m = self.tc, self.model
-        return AdamW(m.flat, m.grad_flat, self.M, self.V, m.decay_mask, lo, hi, tc.beta1, tc.beta2,
-                     tc.eps, tc.weight_decay)
+        return make_optimizer(tc.optimizer, m.flat, m.grad_flat, self.M, self.V, m.decay_mask, lo, hi,
+                              m.layout, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
+                              weight_decay=tc.weight_decay)
 
     def check_finite(self, step, sq, loss, where):
         """False when the step must be skipped; raises under --on-nan stop."""
@@ -56,9 +57,16 @@ class SchemeBase:
     def state(self):
         arrays = {"adam_m": self.M, "adam_v": self.V}
         meta = {"opt_steps": [o.t for o in self.optimizers()]}
+        if self.tc.optimizer != "adamw":  # (absent: adamw, as every checkpoint before --optimizer)
+            meta["optimizer"] = self.tc.optimizer
         return arrays, meta
 
     def load_state(self, arrays, meta):
+        saved = meta.get("optimizer", "adamw")
+        if saved != self.tc.optimizer:
+            from ..errors import CheckpointError
+            raise CheckpointError(f"checkpoint was written with --optimizer {saved}, this run has "
+                                  f"{self.tc.optimizer} (resume with the same optimizer)")
         self.M[...] = arrays["adam_m"]
         self.V[...] = arrays["adam_v"]
         steps = meta["opt_steps"]

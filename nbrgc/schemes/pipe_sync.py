@@ -101,8 +101,13 @@ class PipeSync(StagesInTurn, SchemeBase):
         self.d = tc.boundary_delay if delay is None else delay
         self.D = delays(K, self.hops, self.d)
         self.warm = tc.delay_warmup if delay is None else 0  # steps run with no delay
-        self.stash = tc.replay_weights in ("stashed", "predicted") and any(self.D)
+        self.stash = tc.replay_weights in ("stashed", "predicted", "momentum") and any(self.D)
         self.predict = tc.replay_weights == "predicted" and any(self.D)
+        self.look_ahead = tc.replay_weights == "momentum" and any(self.D)
+        if self.look_ahead and tc.optimizer != "adamw":
+            raise ConfigError("--replay-weights momentum extrapolates AdamW's steps: use it with "
+                              "--optimizer adamw")
+        self._lr = 0.0  # the step's learning rate (the momentum look-ahead's step size)
         self.lr_power = tc.delay_lr_power if delay is None else 0.0
         self.ranges = stage_param_ranges(model.layout, self.stages)
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
@@ -146,6 +151,8 @@ class PipeSync(StagesInTurn, SchemeBase):
                 "delay_lr_power": self.lr_power}
 
     def _replay_name(self):
+        if self.look_ahead:
+            return "momentum"
         return "predicted" if self.predict else "stashed" if self.stash else "current"
 
     def _versions_from_model(self):
@@ -194,6 +201,7 @@ class PipeSync(StagesInTurn, SchemeBase):
         if self.version is None:
             self._versions_from_model()
         pdec = self.versions[max(0, t - self.S) % (self.S + 2)]
+        self._lr = lr
         G = m.grad_flat
         for k in range(K):
             plo, phi = self.ranges[k]
@@ -232,6 +240,16 @@ class PipeSync(StagesInTurn, SchemeBase):
                 np.subtract(current, r[f"prev{k}"], out=w)
                 w *= w.dtype.type(self.D[k])
                 w += current
+                m.flat[plo:phi] = w
+            elif self.look_ahead and self.D[k] and t >= self.warm and self.opts[k].t:
+                # momentum look-ahead (SpecTrain; PipeNAG's Nesterov look-ahead for Adam): the
+                # weights D_k of Adam's current steps ahead, W - D_k lr m^/(sqrt(v^) + eps), the
+                # smoothed direction instead of the last, noisy difference
+                opt = self.opts[k]
+                current = m.flat[plo:phi].copy()
+                mhat = opt.M / (1.0 - opt.beta1 ** opt.t)
+                vhat = opt.V / (1.0 - opt.beta2 ** opt.t)
+                w[...] = current - (self.D[k] * self._lr) * mhat / (np.sqrt(vhat) + opt.eps)
                 m.flat[plo:phi] = w
             else:
                 w[...] = m.flat[plo:phi]
