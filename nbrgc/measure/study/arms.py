@@ -12,6 +12,8 @@ An arm that sets ``depth`` (a fraction) trains the study's model with that fract
 4-stage and of a 2-stage split. Set beside each RGC stage's own read-out they say how much of what
 RGC reaches its first stage reaches alone, and how much its later stages add.
 
+The ``-muon`` arms train with ``--optimizer muon`` (Muon on the blocks' matrices, AdamW on the rest).
+
 The arms of the schemes between RGC and BP run ``pipe-sync`` (the pipeline's schedule, with its
 delays, in one thread: the bits an asynchronous pipeline gives) and set every field of the objective
 (horizon, aux_weight) and of the delays (max_staleness, boundary_delay, replay_weights,
@@ -59,9 +61,16 @@ ARMS.update({
     # RGC with one private block in front of each earlier stage's readout
     "rgc-readout": dict(_PIPE, horizon="0", aux_weight=1.0, max_staleness=1, readout_blocks=1),
 })
+# --optimizer muon: AdamW breaks down under late gradients and Muon is reported to hold up
+# (docs/schemes.md); bp-muon says what the optimizer alone gives, the others what it gives each scheme
+ARMS.update({
+    "bp-muon": dict(ARMS["bp"], optimizer="muon"),
+    "pipe-muon": dict(ARMS["pipe"], optimizer="muon"),
+    "rgc-async-muon": dict(ARMS["rgc-async"], optimizer="muon"),
+})
 DIAGNOSTIC = ("bp-quarter", "bp-half")
 CROSSES = {a: ("everything" if a.startswith("bp") else "nothing") for a in ARMS}
-CROSSES.update({"pipe": "everything, late", "pipe-stash": "everything, late",
+CROSSES.update({"pipe": "everything, late", "pipe-stash": "everything, late", "pipe-muon": "everything, late",
                 "rgc-hall": "everything, late", "rgc-h1": "one hop", "rgc-h1-d0": "one hop"})
 
 
