@@ -11,9 +11,10 @@ import nbrgc  # noqa: F401
 from nbrgc.kernels.warmup import PHRASE, warm_up
 
 
-@pytest.mark.parametrize("mode,attention,cold", [("bp", "store", True), ("bp", "recompute", False),
-                                                 ("rgc-async", "store", False)])
-def test_warm_up_covers_a_run(mode, attention, cold, tmp_path):
+@pytest.mark.parametrize("mode,attention,cold,optimizer", [
+    ("bp", "store", True, "adamw"), ("bp", "recompute", False, "adamw"),
+    ("rgc-async", "store", False, "adamw"), ("bp", "store", False, "muon")])
+def test_warm_up_covers_a_run(mode, attention, cold, optimizer, tmp_path):
     """After warm_up a run compiles nothing. ``cold``: an empty cache, where two helper processes
     compile and this one only loads (the path a first run on a machine takes); the same run again
     on the now warm cache then computes the same bits (code compiled in a process and the same code
@@ -29,13 +30,13 @@ def sigs():
     return {{(d.py_func.__module__ + '.' + d.py_func.__qualname__, str(s)) for d in gc.get_objects()
             if isinstance(d, Dispatcher) for s in d.overloads}}
 status = io.StringIO()
-warm_up(attention={attention!r}, mode={mode!r}, stream=status)
+warm_up(attention={attention!r}, mode={mode!r}, stream=status, optimizer={optimizer!r})
 if {cold!r} and sys.argv[1] == "first" and "compiled in helper processes" not in status.getvalue():
     print("no parallel compile on a cold cache:", status.getvalue())
     sys.exit(2)
 before = sigs()
 tc = TrainConfig(mode={mode!r}, steps=2, batch=2, n_stages=1 if {mode!r} == 'bp' else 2, eval_every=1,
-                 eval_batches=1, attention={attention!r})
+                 eval_batches=1, attention={attention!r}, optimizer={optimizer!r})
 t = Trainer(preset('demo'), tc, 'default', None, progress=False, log=lambda m: None)
 print(repr(t.run()["val_bpb"]))
 from nbrgc.sample import generate

@@ -226,7 +226,7 @@ def _main(argv):
                       max_memory=None if a.max_memory is None else a.max_memory * 2**20,
                       time_limit=a.time, fault_hook=fault_hook)
     from ..kernels.warmup import warm_up
-    warm_up(attention=tc.attention, mode=tc.mode, quiet=a.quiet)
+    warm_up(attention=tc.attention, mode=tc.mode, quiet=a.quiet, optimizer=tc.optimizer)
     summary = trainer.run()
     # with --json stdout is the machine's; the sample and the next commands are for the person
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if a.json else print

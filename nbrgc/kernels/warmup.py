@@ -80,7 +80,7 @@ PARTS = ("backward and update", "the rest")
 _FIRST = ("AdamW", "gradient norm", "embedding backward", "blocks backward", "decoder forward and backward")
 
 
-def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
+def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False, optimizer="adamw"):
     """[(what, callable)]: the Model entry points a run of ``mode`` calls, each on a model of a few
     bytes (the argument types are the run's). ``skip_forward`` gives the backward a workspace
     array of the right type instead of a forward's output (the child's part needs no forward)."""
@@ -107,6 +107,11 @@ def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
                                                   x, ws)),
         ("sampling", lambda: model.logits(x)),
     ]
+    if optimizer == "muon":
+        from ..optim import Muon
+        muon = Muon(model.flat, model.grad_flat, M, V, model.decay_mask, 0, model.layout.size,
+                    model.layout)
+        out.append(("Muon", lambda: muon.step(1e-3)))
     if mode != "bp":
         from .atomics import fetch_add, store
         counters = np.zeros(1, np.int64)
@@ -114,14 +119,15 @@ def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False):
     return out
 
 
-def _marker(dtype, attention, mode):
+def _marker(dtype, attention, mode, optimizer="adamw"):
     """The file that says this version's kernels for a run of this kind are in the cache."""
     import numba
     d = numba.config.CACHE_DIR
-    return os.path.join(d, f"warm-{np.dtype(dtype).name}-{attention}-{mode}") if d else None
+    kind = f"{np.dtype(dtype).name}-{attention}-{mode}" + ("" if optimizer == "adamw" else f"-{optimizer}")
+    return os.path.join(d, f"warm-{kind}") if d else None
 
 
-def _spawn(dtype, attention, mode, part):
+def _spawn(dtype, attention, mode, part, optimizer="adamw"):
     """``python -m nbrgc.kernels.warmup`` compiling one of PARTS into the shared cache. The two may
     write one kernel's cache index at once (a kernel both parts use with different signatures); a
     lost entry only means this process compiles that kernel itself."""
@@ -131,11 +137,11 @@ def _spawn(dtype, attention, mode, part):
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"), PYTHONPATH=path)
     return subprocess.Popen([sys.executable, "-m", "nbrgc.kernels.warmup", np.dtype(dtype).name,
-                             attention, mode, part], env=env, stdout=subprocess.DEVNULL,
+                             attention, mode, part, optimizer], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
 
 
-def _compile_in_helpers(dtype, attention, mode, status):
+def _compile_in_helpers(dtype, attention, mode, status, optimizer="adamw"):
     """Run the two helper processes to the end (at once on several cores, one after the other on
     one), with the elapsed time on the status line; returns the last error line of each that
     failed."""
@@ -145,7 +151,7 @@ def _compile_in_helpers(dtype, attention, mode, status):
                 final=not status.tty)
     errors = []
     for group in ([PARTS] if together else [[p] for p in PARTS]):
-        helpers = [_spawn(dtype, attention, mode, part) for part in group]
+        helpers = [_spawn(dtype, attention, mode, part, optimizer) for part in group]
         while any(h.poll() is None for h in helpers):
             time.sleep(0.2)
             if status.tty:
@@ -166,35 +172,35 @@ def _mark(marker):
         pass  # a read-only cache: the next run compiles in helpers again
 
 
-def ensure_cached(dtype=np.float32, attention="store", mode="bp"):
+def ensure_cached(dtype=np.float32, attention="store", mode="bp", optimizer="adamw"):
     """Make sure a run of this kind finds its kernels in the cache (helper processes compile them
     the first time for this version), so this process only loads them: what :class:`Trainer` calls
     before a run, quietly. True when they are (or were already) cached."""
-    marker = _marker(dtype, attention, mode)
+    marker = _marker(dtype, attention, mode, optimizer)
     if marker is None or os.path.exists(marker):
         return marker is not None
-    if _compile_in_helpers(dtype, attention, mode, _Status(sys.stderr, quiet=True)):
+    if _compile_in_helpers(dtype, attention, mode, _Status(sys.stderr, quiet=True), optimizer):
         return False
     _mark(marker)
     return True
 
 
 def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=False,
-            parallel=True):
+            parallel=True, optimizer="adamw"):
     """Compile or load every kernel a run uses, with a status line on ``stream`` (default stderr;
     none with ``quiet``); returns (seconds, kernels compiled in this process). The first time for
     this version (no marker in the cache) and with ``parallel``, helper processes compile them (two
     at once where there are two cores) and this one loads them."""
     status = _Status(sys.stderr if stream is None else stream, quiet)
     t0 = time.perf_counter()
-    marker = _marker(dtype, attention, mode)
+    marker = _marker(dtype, attention, mode, optimizer)
     helped, errors = False, []
     if parallel and marker and not os.path.exists(marker):
-        errors = _compile_in_helpers(dtype, attention, mode, status)
+        errors = _compile_in_helpers(dtype, attention, mode, status, optimizer)
         helped = not errors
         if errors:  # this process compiles what is missing itself; say why once
             status.show(f"parallel compile failed, continuing alone: {errors[0]}", final=True)
-    todo = steps(dtype, attention, mode)
+    todo = steps(dtype, attention, mode, optimizer=optimizer)
     where = {"i": 0, "what": todo[0][0]}
     last = [0.0]
 
@@ -223,12 +229,12 @@ def warm_up(dtype=np.float32, attention="store", mode="bp", stream=None, quiet=F
     return dt, compiles.n
 
 
-def _child(dtype, attention, mode, part):
+def _child(dtype, attention, mode, part, optimizer="adamw"):
     first = part == PARTS[0]
-    todo = dict(steps(np.dtype(dtype).type, attention, mode, skip_forward=first))
+    todo = dict(steps(np.dtype(dtype).type, attention, mode, skip_forward=first, optimizer=optimizer))
     for what in (_FIRST if first else [w for w in todo if w not in _FIRST]):
         todo[what]()
 
 
 if __name__ == "__main__":
-    _child(*sys.argv[1:5])
+    _child(*sys.argv[1:6])
