@@ -134,6 +134,7 @@ class TrainConfig:
     warmup: int = None            # None: 5% of steps
     weight_decay: float = 0.1
     optimizer: str = "adamw"      # adamw | muon (Muon on the blocks' matrices, AdamW on the rest)
+    muon_momentum: float = 0.95   # Muon's (Nesterov) momentum on the matrices
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -187,6 +188,9 @@ class TrainConfig:
         object.__setattr__(self, "weight_decay", _float("weight_decay", self.weight_decay, 0.0))
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        object.__setattr__(self, "muon_momentum", _float("muon_momentum", self.muon_momentum, 0.0, 1.0))
+        if self.muon_momentum >= 1.0:
+            raise ConfigError("muon_momentum must be < 1")
         object.__setattr__(self, "beta1", _float("beta1", self.beta1, 0.0, 1.0))
         object.__setattr__(self, "beta2", _float("beta2", self.beta2, 0.0, 1.0))
         if self.beta1 >= 1.0 or self.beta2 >= 1.0:

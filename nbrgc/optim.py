@@ -27,7 +27,7 @@ class AdamW:
 
 
 MUON_MATRICES = ("attn.wqkv", "attn.wo", "mlp.w1", "mlp.w2")  # the blocks' hidden matrices
-MUON_BETA = 0.95  # Muon's usual momentum
+MUON_BETA = 0.95  # Muon's usual momentum (TrainConfig.muon_momentum's default)
 
 
 class Muon(AdamW):
@@ -35,8 +35,9 @@ class Muon(AdamW):
     (embeddings, LayerNorms, biases, the decoder), as Muon is used in practice. The momentum lives
     in M (V stays zero on the matrices), so a checkpoint holds the same two arrays as AdamW's."""
 
-    def __init__(self, P, G, M, V, decay_mask, lo, hi, layout, **kw):
+    def __init__(self, P, G, M, V, decay_mask, lo, hi, layout, momentum=MUON_BETA, **kw):
         super().__init__(P, G, M, V, decay_mask, lo, hi, **kw)
+        self.momentum = momentum
         mats = []
         for name, shape in layout.shapes.items():
             off = layout.offsets[name]
@@ -61,13 +62,13 @@ class Muon(AdamW):
                          self.beta2, self.eps, self.wd, self.t, gscale)
         for a, b, shape in self.matrices:
             muon_update(P[a:b].reshape(shape), G[a:b].reshape(shape), self.M[a:b].reshape(shape),
-                        lr, MUON_BETA, self.wd, gscale, NS_STEPS)
+                        lr, self.momentum, self.wd, gscale, NS_STEPS)
 
 
-def make_optimizer(kind, P, G, M, V, decay_mask, lo, hi, layout, **kw):
+def make_optimizer(kind, P, G, M, V, decay_mask, lo, hi, layout, muon_momentum=MUON_BETA, **kw):
     """``adamw`` or ``muon`` (:class:`Muon`) over the slice [lo, hi) of the flat buffers."""
     if kind == "muon":
-        return Muon(P, G, M, V, decay_mask, lo, hi, layout, **kw)
+        return Muon(P, G, M, V, decay_mask, lo, hi, layout, momentum=muon_momentum, **kw)
     return AdamW(P, G, M, V, decay_mask, lo, hi, **kw)
 
 

@@ -107,6 +107,8 @@ def build_parser():
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=D["optimizer"],
                    help="adamw, or muon: Muon (orthogonalised momentum) on the blocks' matrices, "
                         "AdamW on embeddings, LayerNorms, biases and the decoder, at the same --lr")
+    g.add_argument("--muon-momentum", type=finite_number, default=D["muon_momentum"],
+                   help="--optimizer muon: the momentum of the matrices' updates")
     g.add_argument("--beta1", type=finite_number, default=D["beta1"],
                    help="AdamW's first-moment decay (momentum)")
     g.add_argument("--beta2", type=finite_number, default=D["beta2"],
@@ -177,7 +179,7 @@ def parse(argv=None):
         eval_every = a.eval_every if a.eval_every is not None else 200
     tc = TrainConfig(mode=a.mode, steps=steps,
                      batch=batch, seq=a.seq, lr=a.lr if a.lr is not None else preset_lr(a.config), min_lr_frac=a.min_lr_frac, warmup=warmup,
-                     weight_decay=a.weight_decay, optimizer=a.optimizer, beta1=a.beta1, beta2=a.beta2, grad_clip=a.grad_clip, eval_every=eval_every,
+                     weight_decay=a.weight_decay, optimizer=a.optimizer, muon_momentum=a.muon_momentum, beta1=a.beta1, beta2=a.beta2, grad_clip=a.grad_clip, eval_every=eval_every,
                      eval_batches=a.eval_batches, log_every=a.log_every, seed=a.seed,
                      threads=a.threads, n_stages=a.n_stages,
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,
