@@ -402,6 +402,18 @@ def test_study_end_to_end_with_two_jobs(tmp_path):
     assert p.returncode == 0 and " start " not in p.stderr.decode()
     assert _results(out) == before
     assert json.loads((out / "study.json").read_text())["computed_this_call"] == []
+    # --report-only rebuilds the same report from results/ and runs nothing, with one arm fewer
+    # nothing else changes: every result names the machine it was made on
+    assert all("machine" in json.loads(f.read_text()) for f in (out / "results").glob("*.json"))
+    full = json.loads((out / "study.json").read_text())
+    (out / "study.md").unlink()
+    p = subprocess.run(argv + ["--report-only"], capture_output=True, timeout=600, cwd=REPO)
+    assert p.returncode == 0 and " start " not in p.stderr.decode(), p.stderr.decode()[-2000:]
+    assert _results(out) == before
+    again = json.loads((out / "study.json").read_text())
+    assert again["arms"] == full["arms"] and again["verdicts"] == full["verdicts"]
+    assert "--report-only" not in again["command"] and (out / "study.md").exists()
+    assert sum(again["run_machines"].values()) == 10
 
 
 def test_twin_arms_are_computed_once_and_train_the_same_bits(tmp_path):

@@ -101,6 +101,9 @@ def build_parser():
     r.add_argument("--work", default=None, help="run folders with checkpoints (default: OUT/work, "
                    "git-ignored under benchmarks/studies/)")
     r.add_argument("--no-plot", action="store_true", help="skip curves.png")
+    r.add_argument("--report-only", action="store_true",
+                   help="rebuild study.json, study.md and curves.png from the finished runs in "
+                        "OUT/results, running nothing (the arms, seeds and budget as given)")
     r.add_argument("--verbose", action="store_true", help="the trainer's notes in each child.log")
     return p
 
@@ -146,7 +149,7 @@ def build_study(argv):
                      min_lr_frac=a.min_lr_frac, eval_every=a.eval_every, eval_batches=a.eval_batches,
                      n_stages=a.n_stages, threads=a.threads, jobs=a.jobs, work=a.work, phase=a.phase,
                      test_bytes=a.test_bytes, plot=not a.no_plot, verbose=a.verbose,
-                     command="bin/nbrgc-study " + shlex.join(argv))
+                     command="bin/nbrgc-study " + shlex.join(a for a in argv if a != "--report-only"))
     return st
 
 
@@ -155,7 +158,7 @@ def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     st = build_study(argv)
     try:
-        report = st.run()
+        report = st.report_only() if "--report-only" in argv else st.run()
     except study.StudyInterrupted as exc:
         print(f"interrupted: {exc}", file=sys.stderr)
         return 130

@@ -100,6 +100,13 @@ class Study(StudyPlan):
         old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         return old
 
+    def report_only(self):
+        """The report of what results/ holds, written as run() writes it; runs nothing."""
+        os.makedirs(os.path.join(self.out, "results"), exist_ok=True)
+        self.data_id = self.data_key()
+        self.fingerprints = self.compute_fingerprints()  # the runs' keys depend on them
+        return self.write_report(())
+
     def run(self):
         """Run what is missing (``jobs`` child processes at a time; 0: one after another in this
         process) and return the report. Raises StudyInterrupted after a stop."""

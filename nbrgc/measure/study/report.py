@@ -92,8 +92,17 @@ def build(st, computed=()):
     test_bpb = {}
     bp_curves = []
     sweep_lrs = set()
+    run_machines = {}  # machine line -> runs reported made on it
+
+    def seen(r):
+        m = r.get("machine") or "not recorded (a run from before results named their machine)"
+        run_machines[m] = run_machines.get(m, 0) + 1
+
     for arm in st.arms:
         grid, res, best, at_edge = st.sweep_state(arm)
+        for r in res.values():
+            if r is not None:
+                seen(r)
         sweep_lrs.update(grid)
         n_known += len(grid)
         n_done += sum(1 for r in res.values() if r is not None)
@@ -113,6 +122,7 @@ def build(st, computed=()):
                 if r is None:
                     continue
                 n_done += 1
+                seen(r)
                 entry["test_bpb"][i] = _num(r["test_bpb"])
                 entry["val_bpb"][i] = _num(r["val_bpb"])
                 entry["val_stage_bpb"][i] = r.get("val_stage_bpb")
@@ -150,6 +160,7 @@ def build(st, computed=()):
                            "ctx/2), full network (RGC: the last stage)", "bytes": st.test_bytes},
            "margin": st.margin, "conf": st.conf, "runs": {"done": n_done, "known": n_known},
            "command": st.command, "machine": machine, "machine_line": machine_line(machine),
+           "run_machines": run_machines,
            "computed_this_call": list(computed), "notes": []}
     for a in arms:
         twin = st.twin_of(a)
@@ -216,7 +227,9 @@ def markdown(rep):
          f"{c['min_lr_frac']:g}·lr, validation every {c['eval_every']} steps on {c['eval_batches']} "
          f"fixed batches, {c['threads_per_run']} thread(s) per run. Numerics version "
          f"`{rep['code_version']}`. Runs done: {rep['runs']['done']} of {rep['runs']['known']} known.",
-         "", f"Machine: {rep['machine_line']}", ""]
+         "", f"Report written on: {rep['machine_line']}", "",
+         "Runs made on: " + "; ".join(f"{m} ({n} run{'s' if n != 1 else ''})"
+                                      for m, n in rep.get("run_machines", {}).items()), ""]
     if rep.get("command"):
         L += ["Reproduce (reuses every finished run in the folder):", "", "    " + rep["command"], ""]
     sw = rep["sweep"]

@@ -117,6 +117,8 @@ def run_one(spec, log=None):
                 t = sliding_bpb(trainer.model, ds.test, batch=16, n_bytes=spec.get("test_bytes"))
                 res["test_bpb"], res["test"] = t["bpb"], {k: t[k] for k in ("bytes_scored", "windows",
                                                                             "stride", "ctx")}
+        from ..machine import describe_machine, machine_line
+        res["machine"] = machine_line(describe_machine())  # a study's runs may span machines
         res["this_call_s"] = time.perf_counter() - t0
         os.makedirs(os.path.dirname(spec["result"]) or ".", exist_ok=True)
         write_json(spec["result"], res)
