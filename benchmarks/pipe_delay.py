@@ -65,7 +65,7 @@ VARIANTS = {  # name: (what, flags)
     "d0-muon-1e-2": ("no delay, Muon, lr 1e-2", D0 + ["--lr", "1e-2"] + MUON),
     "d1-stash-muon-1e-2": ("delay 1 a hop, stashed, Muon, lr 1e-2", D1 + ["--lr", "1e-2"] + STASH + MUON),
 }
-_DELAY_ONLY = {"--boundary-delay": 1, "--replay-weights": 1, "--delay-warmup": 1, "--delay-lr-power": 1}
+_DELAY_ONLY = {"--boundary-delay", "--replay-weights", "--delay-warmup", "--delay-lr-power"}  # each takes a value
 
 
 def reference_flags(flags):

@@ -183,7 +183,8 @@ class Trainer:
         self._open_run_folder()
         budget = tc.threads or cpu_count()
         limit_blas(1)
-        ensure_cached(attention=tc.attention, mode=tc.mode, optimizer=tc.optimizer)  # so this process computes with cached code
+        # so that this process computes with cached code
+        ensure_cached(attention=tc.attention, mode=tc.mode, optimizer=tc.optimizer)
         est = self._check_memory(set_threads(budget))
         self.info(f"nbrgc: {describe()}")
         note = None if tc.threads else busy_note(budget, cpu_count())

@@ -77,8 +77,5 @@ _hsettings.load_profile("nbrgc-explore" if _os.environ.get("NBRGC_HYPOTHESIS_EXP
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core up to 4. Most tests are single-threaded compiled loops or
     subprocesses; more workers than that mostly add kernel-cache loading and memory."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+    from contention import usable_cores
+    return max(1, min(4, usable_cores()))

@@ -462,3 +462,14 @@ def test_stored_results_have_the_keys_this_code_computes(report):
         assert json.loads(json.dumps(task["key"])) == res["key"], name
         assert os.path.basename(task["result"]) == name
         assert st.result(task) is not None, name
+
+
+@pytest.mark.parametrize("flag", ["--report-only", "--report-on", "--rep"])
+def test_report_only_is_read_from_the_parsed_flags(tmp_path, flag):
+    """argparse accepts an abbreviation of --report-only; the study must report only for it too,
+    and record a command that runs the study."""
+    from nbrgc.cli.study import build_study
+    argv = ["--config", "tiny", "--dataset", "default", "--arms", "rgc-async", "--out", str(tmp_path)]
+    st = build_study(argv + [flag])
+    assert st.only_report and flag not in st.command.split()
+    assert not build_study(argv).only_report

@@ -149,8 +149,14 @@ def build_study(argv):
                      min_lr_frac=a.min_lr_frac, eval_every=a.eval_every, eval_batches=a.eval_batches,
                      n_stages=a.n_stages, threads=a.threads, jobs=a.jobs, work=a.work, phase=a.phase,
                      test_bytes=a.test_bytes, plot=not a.no_plot, verbose=a.verbose,
-                     command="bin/nbrgc-study " + shlex.join(a for a in argv if a != "--report-only"))
+                     command="bin/nbrgc-study " + shlex.join(x for x in argv if not _is_report_only(x)))
+    st.only_report = a.report_only
     return st
+
+
+def _is_report_only(arg):
+    """``--report-only`` or an abbreviation argparse accepts for it (no other flag starts --re)."""
+    return len(arg) > 4 and "--report-only".startswith(arg)
 
 
 def _main(argv):
@@ -158,7 +164,7 @@ def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     st = build_study(argv)
     try:
-        report = st.report_only() if "--report-only" in argv else st.run()
+        report = st.report_only() if st.only_report else st.run()
     except study.StudyInterrupted as exc:
         print(f"interrupted: {exc}", file=sys.stderr)
         return 130

@@ -179,7 +179,9 @@ def parse(argv=None):
         eval_every = a.eval_every if a.eval_every is not None else 200
     tc = TrainConfig(mode=a.mode, steps=steps,
                      batch=batch, seq=a.seq, lr=a.lr if a.lr is not None else preset_lr(a.config), min_lr_frac=a.min_lr_frac, warmup=warmup,
-                     weight_decay=a.weight_decay, optimizer=a.optimizer, muon_momentum=a.muon_momentum, beta1=a.beta1, beta2=a.beta2, grad_clip=a.grad_clip, eval_every=eval_every,
+                     weight_decay=a.weight_decay, optimizer=a.optimizer,
+                     muon_momentum=a.muon_momentum, beta1=a.beta1, beta2=a.beta2,
+                     grad_clip=a.grad_clip, eval_every=eval_every,
                      eval_batches=a.eval_batches, log_every=a.log_every, seed=a.seed,
                      threads=a.threads, n_stages=a.n_stages,
                      stage_threads=a.stage_threads, stage_workers=a.stage_workers, attention=a.attention,

@@ -17,8 +17,8 @@ class SchemeBase:
     def _adamw(self, lo, hi):
         tc, m = self.tc, self.model
         return make_optimizer(tc.optimizer, m.flat, m.grad_flat, self.M, self.V, m.decay_mask, lo, hi,
-                              m.layout, muon_momentum=tc.muon_momentum, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps,
-                              weight_decay=tc.weight_decay)
+                              m.layout, muon_momentum=tc.muon_momentum, beta1=tc.beta1,
+                              beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay)
 
     def check_finite(self, step, sq, loss, where):
         """False when the step must be skipped; raises under --on-nan stop."""

@@ -107,7 +107,6 @@ class PipeSync(StagesInTurn, SchemeBase):
         if self.look_ahead and tc.optimizer != "adamw":
             raise ConfigError("--replay-weights momentum extrapolates AdamW's steps: use it with "
                               "--optimizer adamw")
-        self._lr = 0.0  # the step's learning rate (the momentum look-ahead's step size)
         self.lr_power = tc.delay_lr_power if delay is None else 0.0
         self.ranges = stage_param_ranges(model.layout, self.stages)
         self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
@@ -201,7 +200,6 @@ class PipeSync(StagesInTurn, SchemeBase):
         if self.version is None:
             self._versions_from_model()
         pdec = self.versions[max(0, t - self.S) % (self.S + 2)]
-        self._lr = lr
         G = m.grad_flat
         for k in range(K):
             plo, phi = self.ranges[k]
@@ -209,15 +207,15 @@ class PipeSync(StagesInTurn, SchemeBase):
             self.rgc.slot(0, k)[...] = 0.0
             if self.readout is not None and k < K - 1:
                 self.readout.zero_grad(k)
-        losses = [self._forward_own(k, t, x, y, ws, pdec) for k in range(K)]
+        losses = [self._forward_own(k, t, x, y, ws, pdec, lr) for k in range(K)]
         if self.hops:
             for k in range(K - 2, -1, -1):
                 self._late(k, t, ws)
         self._update(t, lr, losses)
 
-    def _forward_own(self, k, t, x, y, ws, pdec):
+    def _forward_own(self, k, t, x, y, ws, pdec, lr):
         """Stage k's forward on micro-batch t and its own loss's backward; returns the loss."""
-        current = self._predict(k, t)
+        current = self._predict(k, t, lr)
         try:
             return self._forward_own_body(k, t, x, y, ws, pdec)
         finally:
@@ -225,7 +223,7 @@ class PipeSync(StagesInTurn, SchemeBase):
                 plo, phi = self.ranges[k]
                 self.model.flat[plo:phi] = current
 
-    def _predict(self, k, t):
+    def _predict(self, k, t, lr):
         """Stash the weights micro-batch t's forward of stage k uses (with ``predicted``: put the
         extrapolated weights in place, returning the current ones to restore afterwards)."""
         m, r = self.model, self._rings
@@ -249,7 +247,7 @@ class PipeSync(StagesInTurn, SchemeBase):
                 current = m.flat[plo:phi].copy()
                 mhat = opt.M / (1.0 - opt.beta1 ** opt.t)
                 vhat = opt.V / (1.0 - opt.beta2 ** opt.t)
-                w[...] = current - (self.D[k] * self._lr) * mhat / (np.sqrt(vhat) + opt.eps)
+                w[...] = current - (self.D[k] * lr) * mhat / (np.sqrt(vhat) + opt.eps)
                 m.flat[plo:phi] = w
             else:
                 w[...] = m.flat[plo:phi]
