@@ -2,8 +2,10 @@
 
 The production path runs a whole block range as one nogil Numba call, which no profiler can see into.
 This module runs the same block bodies as Python (their ``py_func``), so the same kernels are called
-in the same order, each call timed; a test checks that the replay produces the production gradients
-bit for bit.
+in the same order, each call timed. Each kernel runs its own compiled copy, not the one LLVM
+re-optimised inside the block entry point, so the replay's float32 sums may round differently on some
+CPUs; a test checks that it calls the production sequence and computes the production gradients to
+float32 rounding (tests/test_profile.py).
 
     python -m nbrgc.profile --config paper --batch 8 --threads 2
 """

@@ -105,6 +105,9 @@ def test_parsing_and_its_errors():
                         ("rgc-sync,rgc-sync", "twice")):
         with pytest.raises(ConfigError, match=needle):
             study.parse_arms(bad)
+    # an arm trained with Muon brings its reference, BP with Muon
+    assert study.parse_arms("rgc-async-muon") == ["bp", "bp-muon", "rgc-async-muon"]
+    assert study.parse_arms("bp-muon") == ["bp", "bp-muon"]
     assert study.parse_lrs("4e-3, 1e-3,2e-3") == [1e-3, 2e-3, 4e-3]
     for bad, needle in (("1e-3,2e-3", "at least 3"), ("1e-3,x,2e-3", "comma list of numbers"),
                         ("1e-3,0,2e-3", "> 0"), ("1e-3,1e-3,2e-3", "twice"), ("1e-3,nan,2", "finite")):
@@ -172,6 +175,21 @@ def test_verdict_pairs_only_seeds_both_have():
     assert v["seeds"] == [0, 1, 2, 3] and "4 of 5 seeds paired" in v["verdict"]
     none = rep_mod.verdicts({"bp": [1.0, None], "rgc-sync": [None, 1.0]}, [0, 1], 0.01, 0.95, 100)
     assert none["rgc-sync"]["n_paired"] == 0 and none["rgc-sync"]["noninferior"] is False
+
+
+def test_each_arm_is_judged_against_bp_with_its_own_optimizer():
+    bp = [1.2, 1.3, 1.25, 1.1, 1.4]
+    muon = [b * 0.9 for b in bp]
+    tb = {"bp": bp, "bp-muon": muon, "rgc-async": [b * (1 + g) for b, g in zip(bp, GAPS)],
+          "rgc-async-muon": [b * (1 + g) for b, g in zip(muon, GAPS)]}
+    v = rep_mod.verdicts(tb, list(range(5)), 0.01, 0.95, 100)
+    assert v["rgc-async"]["reference"] == "bp" and v["rgc-async-muon"]["reference"] == "bp-muon"
+    assert v["rgc-async-muon"]["mean_gap"] == pytest.approx(0.005)  # not -5.5% against AdamW's bp
+    assert v["bp-muon"]["reference"] == "bp" and v["bp-muon"]["mean_gap"] == pytest.approx(-0.1)
+    # a report holding no bp-muon (an older study folder) falls back to bp
+    alone = rep_mod.verdicts({"bp": bp, "rgc-async-muon": tb["rgc-async-muon"]}, list(range(5)), 0.01,
+                             0.95, 100)["rgc-async-muon"]
+    assert alone["reference"] == "bp" and alone["mean_gap"] == pytest.approx(-0.0955, abs=1e-3)
 
 
 def test_convergence_on_a_hand_made_curve():

@@ -13,6 +13,9 @@ An arm that sets ``depth`` (a fraction) trains the study's model with that fract
 RGC reaches its first stage reaches alone, and how much its later stages add.
 
 The ``-muon`` arms train with ``--optimizer muon`` (Muon on the blocks' matrices, AdamW on the rest).
+Each arm is judged against the BP arm of its own optimizer (:func:`reference_of`): the optimizer alone
+moves bits per byte by more than any scheme does, so a Muon arm set against AdamW BP would measure the
+optimizer, not the scheme. bp-muon itself is set against bp: what the optimizer gives.
 
 The arms of the schemes between RGC and BP run ``pipe-sync`` (the pipeline's schedule, with its
 delays, in one thread: the bits an asynchronous pipeline gives) and set every field of the objective
@@ -74,9 +77,27 @@ CROSSES.update({"pipe": "everything, late", "pipe-stash": "everything, late", "p
                 "rgc-hall": "everything, late", "rgc-h1": "one hop", "rgc-h1-d0": "one hop"})
 
 
+def reference_of(arm):
+    """The arm whose paired seeds ``arm``'s gap is measured against: BP with the same optimizer
+    (bp for bp-muon itself); None for the base."""
+    if arm == BASE:
+        return None
+    if ARMS[arm].get("optimizer", "adamw") == "muon" and arm != "bp-muon":
+        return "bp-muon"
+    return BASE
+
+
+def with_references(arms):
+    """``arms`` in the table's order, the base first, with every arm's reference added."""
+    chosen = set(arms) | {BASE}
+    chosen |= {reference_of(a) for a in list(chosen) if a != BASE}
+    return [BASE] + [a for a in ARMS if a in chosen and a != BASE]
+
+
 def parse_arms(text):
     """``"rgc-async,rgc-sync"`` -> ["bp", "rgc-sync", "rgc-async"] (bp always first, then the table's
-    order); ``"all"`` or None -> None: every arm of ARMS that fits the study's model (fits())."""
+    order, and each arm's reference: an arm trained with Muon brings bp-muon); ``"all"`` or None ->
+    None: every arm of ARMS that fits the study's model (fits())."""
     if text is None or str(text).strip().lower() in ("", "all"):
         return None
     arms = [a.strip().lower() for a in str(text).split(",") if a.strip()]
@@ -85,7 +106,7 @@ def parse_arms(text):
         raise ConfigError(f"unknown arm {bad[0]!r} in --arms; choose from {', '.join(ARMS)} (or all)")
     if len(set(arms)) != len(arms):
         raise ConfigError(f"--arms lists an arm twice: {text!r}")
-    arms = [BASE] + [a for a in ARMS if a in arms and a != BASE]  # the table's order
+    arms = with_references(arms)
     if len(arms) < 2:
         raise ConfigError("--arms needs at least one RGC arm besides bp (bp is always included)")
     return arms

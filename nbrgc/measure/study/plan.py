@@ -23,7 +23,7 @@ import sys
 
 from ...errors import ConfigError
 from . import fingerprint as fp_mod
-from .arms import ARMS, BASE, fits, model_config, train_config
+from .arms import ARMS, fits, model_config, train_config, with_references
 from .runner import load_result
 
 PHASES = ("sweep", "main", "all")
@@ -119,7 +119,7 @@ class StudyPlan:
                          keep=1, ckpt_every=0, log_every=max(1, min(10, self.steps)))
         skip = [] if self.arms is not None else [a for a in ARMS if not fits(a, self.mcfg, self.base)]
         chosen = self.arms if self.arms is not None else [a for a in ARMS if a not in skip]
-        self.arms = [BASE] + [a for a in ARMS if a in chosen and a != BASE]
+        self.arms = with_references(chosen)
         for arm in self.arms:  # every arm's config is valid before anything runs
             train_config(arm, self.base, self.seeds[0], self.sweep_lrs[0], self.steps,
                          self.eval_every).validate_for(model_config(arm, self.mcfg))

@@ -6,7 +6,8 @@ study.json: ``{"dataset", "config": {...}, "tokens_per_run", "seeds", "code_vers
 "val_bpb": [[...] per seed]}, "sweep": {...}, ...}}, "convergence": {"bp_last20_rel_improvement",
 ...}, "verdicts": {arm: {"mean_gap", "t_lower", "t_upper", "margin", "noninferior", ...}}, ...}``.
 
-Verdicts: per paired seed the gap is ``(test_bpb_arm - test_bpb_bp) / test_bpb_bp``; the two-sided
+Verdicts: per paired seed the gap is ``(test_bpb_arm - test_bpb_ref) / test_bpb_ref``, ``ref`` the
+arm's reference (:func:`nbrgc.measure.study.arms.reference_of`: BP with the same optimizer); the two-sided
 95% Student-t interval of the mean gap over the paired seeds decides (non-inferior iff its upper
 bound is below the margin); the paired bootstrap is reported alongside. Convergence: for every bp
 seed, ``(v80 - v_end) / v80`` with ``v80`` the validation bpb at 80% of the run (linear
@@ -16,7 +17,7 @@ import math
 import os
 
 from ...atomic import write_json, write_text
-from .arms import ARMS, BASE, CROSSES, DIAGNOSTIC
+from .arms import ARMS, BASE, CROSSES, DIAGNOSTIC, reference_of
 
 REPORT_FILE, MARKDOWN_FILE, CURVES_FILE = "study.json", "study.md", "curves.png"
 CONVERGED_BELOW = 0.01
@@ -61,20 +62,28 @@ def convergence(curves):
             "threshold": CONVERGED_BELOW, "converged": ok, "note": note}
 
 
+def _ref(arm, present):
+    """``arm``'s reference among the arms ``present`` (the base where its own is missing)."""
+    ref = reference_of(arm)
+    return ref if ref in present else BASE
+
+
 def verdicts(test_bpb, seeds, margin, conf, n_boot):
-    """{arm: verdict} from {arm: [test bpb per seed or None]}."""
+    """{arm: verdict} from {arm: [test bpb per seed or None]}, each arm against its reference."""
     from ..stats import noninferiority
     out = {}
     for arm, vals in test_bpb.items():
         if arm == BASE:
             continue
-        paired = [s for s, a, b in zip(seeds, vals, test_bpb[BASE]) if a is not None and b is not None]
-        base = {"margin": margin, "conf": conf, "n_paired": len(paired), "seeds": paired}
+        ref = _ref(arm, test_bpb)
+        paired = [s for s, a, b in zip(seeds, vals, test_bpb[ref]) if a is not None and b is not None]
+        base = {"reference": ref, "margin": margin, "conf": conf, "n_paired": len(paired),
+                "seeds": paired}
         if not paired:
             out[arm] = dict(base, mean_gap=None, t_lower=None, t_upper=None, noninferior=False,
                             gaps=[], boot_lower=None, boot_upper=None, verdict="no paired seeds yet")
             continue
-        bp = [test_bpb[BASE][seeds.index(s)] for s in paired]
+        bp = [test_bpb[ref][seeds.index(s)] for s in paired]
         rg = [vals[seeds.index(s)] for s in paired]
         r = noninferiority(bp, rg, margin=margin, conf=conf, n_boot=n_boot, seed=0)
         out[arm] = dict(base, mean_gap=r["mean_gap"], t_lower=_num(r["t_lo"]), t_upper=_num(r["t_hi"]),
@@ -175,14 +184,14 @@ def build(st, computed=()):
 
 
 def gaps_by_tokens(arms, total):
-    """{"tokens": [a quarter, half and all of the run], arm: [mean paired validation gap to bp at
-    each, or None]}: how the gap moves with training, read off the validation curves."""
+    """{"tokens": [a quarter, half and all of the run], arm: [mean paired validation gap to its
+    reference at each, or None]}: how the gap moves with training, read off the validation curves."""
     points = [total // 4, total // 2, total]
     out = {"tokens": points}
-    bp = arms[BASE]["curve"]
     for arm, e in arms.items():
         if arm == BASE:
             continue
+        bp = arms[_ref(arm, arms)]["curve"]
         row = []
         for at in points:
             gaps = [(value_at(e["curve"]["tokens"], a, at) - value_at(bp["tokens"], b, at))
@@ -261,19 +270,21 @@ def markdown(rep):
           "| seed | " + " | ".join(arms) + " | " + " | ".join(f"Δ {a}" for a in rgc) + " |",
           "|---:|" + "---:|" * (len(arms) + len(rgc))]
     for i, s in enumerate(seeds):
-        bp = arms[BASE]["test_bpb"][i]
         cells = [_f(arms[a]["test_bpb"][i]) for a in arms]
-        gaps = [_pct((arms[a]["test_bpb"][i] - bp) / bp, 3)
-                if bp is not None and arms[a]["test_bpb"][i] is not None else "–" for a in rgc]
+        gaps = []
+        for a in rgc:
+            bp, v = arms[_ref(a, arms)]["test_bpb"][i], arms[a]["test_bpb"][i]
+            gaps.append("–" if bp is None or v is None else _pct((v - bp) / bp, 3))
         L.append(f"| {s} | " + " | ".join(cells + gaps) + " |")
-    L += ["", "### Verdicts (Δ = (bpb_arm − bpb_bp) / bpb_bp; non-inferior iff the upper bound of the "
-          "two-sided 95% t-interval is below the margin)", "",
-          "| arm | lr | paired seeds | mean Δ | t lower | t upper | bootstrap 95% | margin | verdict |",
-          "|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    L += ["", "### Verdicts (Δ = (bpb_arm − bpb_ref) / bpb_ref, ref the BP arm of the arm's optimizer; "
+          "non-inferior iff the upper bound of the two-sided 95% t-interval is below the margin)", "",
+          "| arm | against | lr | paired seeds | mean Δ | t lower | t upper | bootstrap 95% | margin | "
+          "verdict |", "|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for a in rgc:
         v = rep["verdicts"][a]
         lr = "–" if arms[a]["lr"] is None else f"{arms[a]['lr']:.3g}"
-        L.append(f"| {a} | {lr} | {v['n_paired']}/{len(seeds)} | {_pct(v['mean_gap'], 3)} | "
+        L.append(f"| {a} | {v.get('reference', BASE)} | {lr} | {v['n_paired']}/{len(seeds)} | "
+                 f"{_pct(v['mean_gap'], 3)} | "
                  f"{_pct(v['t_lower'], 3)} | {_pct(v['t_upper'], 3)} | [{_pct(v['boot_lower'])}, "
                  f"{_pct(v['boot_upper'])}] | {100 * v['margin']:g}% | "
                  + ("diagnostic, not a candidate: " if a in DIAGNOSTIC else "") + f"{v['verdict']} |")
@@ -298,12 +309,13 @@ def _class_tables(rep):
     and all of the run; the best arm of each class."""
     arms, g = rep["arms"], rep.get("gap_by_tokens")
     L = ["", "### Quality, speed and memory by what crosses a boundary backward", "",
-         "| arm | crosses | mean Δ test | t upper | tokens/s (1 thread, machine shared) | "
-         "peak RSS MiB |", "|---|---|---:|---:|---:|---:|"]
+         "| arm | crosses | against | mean Δ test | t upper | tokens/s (1 thread, machine shared) | "
+         "peak RSS MiB |", "|---|---|---|---:|---:|---:|---:|"]
     for a, e in arms.items():
         v = rep["verdicts"].get(a, {})
         tps, rss = e.get("train_tokens_per_s"), e.get("peak_rss_mib")
-        L.append(f"| {a} | {e.get('crosses', CROSSES.get(a))} | {_pct(v.get('mean_gap'))} | "
+        L.append(f"| {a} | {e.get('crosses', CROSSES.get(a))} | {v.get('reference', '–')} | "
+                 f"{_pct(v.get('mean_gap'))} | "
                  f"{_pct(v.get('t_upper'))} | {'–' if not tps else f'{tps:,.0f}'} | "
                  f"{'–' if not rss else f'{rss:,.0f}'} |")
     best = best_of_class(rep)
@@ -312,7 +324,8 @@ def _class_tables(rep):
             f"{c}: {a} ({_pct(rep['verdicts'][a]['mean_gap'])}, {rep['verdicts'][a]['verdict']})"
             for c, a in best.items()) + "."]
     if g and len(arms) > 1:
-        L += ["", "### The gap as training goes on (validation bpb, mean over paired seeds)", "",
+        L += ["", "### The gap as training goes on (validation bpb against each arm's reference, mean "
+              "over paired seeds)", "",
               "| arm | " + " | ".join(f"{t / 1e6:.3g} M tokens" for t in g["tokens"]) + " |",
               "|---|" + "---:|" * len(g["tokens"])]
         L += [f"| {a} | " + " | ".join(_pct(x) for x in g.get(a, [])) + " |" for a in arms
