@@ -35,6 +35,7 @@ COMMON = ["--mode", "pipe-sync", "--max-staleness", "0", "--tokens", "1000000", 
           "--eval-batches", "16", "--sample", "0", "--quiet"]
 D0, D1 = ["--boundary-delay", "0"], ["--boundary-delay", "1"]
 STASH, MUON = ["--replay-weights", "stashed"], ["--optimizer", "muon"]
+BP = ["--mode", "bp"]  # after COMMON's --mode pipe-sync: the last one counts
 VARIANTS = {  # name: (what, flags)
     "d0": ("no delay (the reference: backprop with per-stage clipping)", D0 + ["--lr", "4e-3"]),
     "d1": ("delay 1 a hop (D = 3, 2, 1, 0), replay on current weights", D1 + ["--lr", "4e-3"]),
@@ -64,8 +65,14 @@ VARIANTS = {  # name: (what, flags)
     "d0-1e-2": ("no delay, lr 1e-2", D0 + ["--lr", "1e-2"]),
     "d0-muon-1e-2": ("no delay, Muon, lr 1e-2", D0 + ["--lr", "1e-2"] + MUON),
     "d1-stash-muon-1e-2": ("delay 1 a hop, stashed, Muon, lr 1e-2", D1 + ["--lr", "1e-2"] + STASH + MUON),
+    # every stage one step late on consistent weights (PipeDream-2BW's numerics): bp --grad-delay 1,
+    # against bp with no delay (global clipping: not the per-stage references above)
+    "bp": ("bp, no delay", D0 + BP + ["--lr", "4e-3"]),
+    "bp-muon": ("bp, no delay, Muon", D0 + BP + ["--lr", "4e-3"] + MUON),
+    "bp-g1": ("bp, every gradient one step late", BP + ["--grad-delay", "1", "--lr", "4e-3"]),
+    "bp-g1-muon": ("bp, every gradient one step late, Muon", BP + ["--grad-delay", "1", "--lr", "4e-3"] + MUON),
 }
-_DELAY_ONLY = {"--boundary-delay", "--replay-weights", "--delay-warmup", "--delay-lr-power"}  # each takes a value
+_DELAY_ONLY = {"--boundary-delay", "--replay-weights", "--delay-warmup", "--delay-lr-power", "--grad-delay"}  # each takes a value
 
 
 def reference_flags(flags):

@@ -163,6 +163,7 @@ class TrainConfig:
     replay_weights: str = "current"  # pipe-sync: current | stashed | predicted | momentum (nbrgc.schemes.pipe_sync)
     readout_blocks: int = 0       # rgc-sync, pipe-sync: private blocks before each stage's readout
     delay_lr_power: float = 0.0   # pipe-sync: a delayed stage steps at lr / (1 + D_k)^p
+    grad_delay: int = 0           # bp: each gradient computed on the weights of N updates ago
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -214,6 +215,10 @@ class TrainConfig:
         object.__setattr__(self, "delay_warmup", _int("delay_warmup", self.delay_warmup, 0))
         object.__setattr__(self, "readout_blocks", _int("readout_blocks", self.readout_blocks, 0))
         object.__setattr__(self, "delay_lr_power", _float("delay_lr_power", self.delay_lr_power, 0.0))
+        object.__setattr__(self, "grad_delay", _int("grad_delay", self.grad_delay, 0))
+        if self.grad_delay and self.base_mode != "bp":
+            raise ConfigError("--grad-delay delays backprop's whole gradient (--mode bp); the "
+                              "pipeline's per-stage delays are --boundary-delay (--mode pipe-sync)")
         if self.replay_weights not in REPLAY_WEIGHTS:
             raise ConfigError(f"replay_weights must be one of {', '.join(REPLAY_WEIGHTS)}, got "
                               f"{self.replay_weights!r}")

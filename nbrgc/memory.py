@@ -40,6 +40,8 @@ def estimate(cfg, tc, B, T, nt):
     L = cfg.n_layer
     if tc.mode == "bp":
         out["activations"] = workspace_bytes(cfg, B, T, L, item, nt, attention=tc.attention)
+        if tc.grad_delay:  # the weights of the last N steps, and the current ones while they wait
+            out["delayed_weights"] = (tc.grad_delay + 1) * P * item
     else:
         K, per = tc.n_stages, L // tc.n_stages
         n_ws = 1

@@ -47,9 +47,9 @@ def data():
     return load_dataset("default", log=None)
 
 
-def _run(data, mode, out, stop_at=None, resume=False, optimizer="adamw"):
+def _run(data, mode, out, stop_at=None, resume=False, optimizer="adamw", grad_delay=0):
     mcfg = preset("tiny", n_layer=4)
-    tc = TrainConfig(mode=mode, optimizer=optimizer, steps=N, batch=4, eval_every=EVERY, eval_batches=2, log_every=1,
+    tc = TrainConfig(mode=mode, optimizer=optimizer, grad_delay=grad_delay, steps=N, batch=4, eval_every=EVERY, eval_batches=2, log_every=1,
                      warmup=2, n_stages=2 if mode != "bp" else 1,
                      stage_threads="1,1" if mode == "rgc-async" else "auto", threads=1,
                      seed=5, keep=10)
@@ -70,13 +70,15 @@ def _eval_lines(recs):
             and not r.get("summary")}
 
 
-@pytest.mark.parametrize("mode,optimizer", [("bp", "adamw"), ("rgc-sync", "adamw"),
-                                            ("rgc-async", "adamw"), ("bp", "muon")])
-def test_resume_is_exact(tmp_path, data, mode, optimizer):
-    full, s_full, p_full = _run(data, mode, tmp_path / "full", optimizer=optimizer)
+@pytest.mark.parametrize("mode,optimizer,delay", [("bp", "adamw", 0), ("rgc-sync", "adamw", 0),
+                                                  ("rgc-async", "adamw", 0), ("bp", "muon", 0),
+                                                  ("bp", "adamw", 3)])
+def test_resume_is_exact(tmp_path, data, mode, optimizer, delay):
+    kw = dict(optimizer=optimizer, grad_delay=delay)
+    full, s_full, p_full = _run(data, mode, tmp_path / "full", **kw)
     assert s_full["steps"] == N and s_full["stopped"] is None
 
-    part, s_part, _ = _run(data, mode, tmp_path / "split", stop_at=K, optimizer=optimizer)
+    part, s_part, _ = _run(data, mode, tmp_path / "split", stop_at=K, **kw)
     stop = s_part["steps"]
     # rgc-async's trainer is at most a pipeline's depth (a few steps here) past the boundary it
     # evaluates, far from N
@@ -85,7 +87,7 @@ def test_resume_is_exact(tmp_path, data, mode, optimizer):
     assert os.path.basename(s_part["checkpoint"]) == f"ckpt-{stop:09d}.nbrgc"
     assert sorted(_train_lines(part)) == list(range(1, stop + 1))
 
-    rest, s_rest, p_rest = _run(data, mode, tmp_path / "split", resume=True, optimizer=optimizer)
+    rest, s_rest, p_rest = _run(data, mode, tmp_path / "split", resume=True, **kw)
     assert s_rest["steps"] == N and s_rest["tokens"] == (N - stop) * 4 * 16
     a, b = _train_lines(full), _train_lines(rest)
     assert sorted(b) == list(range(stop + 1, N + 1))

@@ -71,6 +71,10 @@ def build_parser():
     g.add_argument("--boundary-delay", type=int, default=D["boundary_delay"],
                    help="pipe-sync: steps a boundary gradient takes per hop (1: an asynchronous "
                         "pipeline's; 0: none)")
+    g.add_argument("--grad-delay", type=int, default=D["grad_delay"],
+                   help="bp: compute each gradient on the weights of N updates ago and apply it to "
+                        "the current ones (1: PipeDream-2BW's numerics, every stage one step late "
+                        "with consistent weights; keeps N copies of the weights)")
     g.add_argument("--delay-warmup", type=int, default=D["delay_warmup"],
                    help="pipe-sync: the first N steps run with no boundary delay (the pipeline "
                         "synchronous while Adam's steps are largest)")
@@ -189,7 +193,8 @@ def parse(argv=None):
                      consensus=a.consensus, stage_init=a.stage_init, keep=a.keep, ckpt_every=a.ckpt_every,
                      horizon=a.horizon, aux_weight=a.aux_weight, boundary_delay=a.boundary_delay,
                      delay_warmup=a.delay_warmup, replay_weights=a.replay_weights,
-                     readout_blocks=a.readout_blocks, delay_lr_power=a.delay_lr_power)
+                     readout_blocks=a.readout_blocks, delay_lr_power=a.delay_lr_power,
+                     grad_delay=a.grad_delay)
     tc.validate_for(mcfg)
     if a.mode == "rgc-async":
         from ..config import parse_stage_threads
