@@ -71,6 +71,14 @@ VARIANTS = {  # name: (what, flags)
     "bp-muon": ("bp, no delay, Muon", D0 + BP + ["--lr", "4e-3"] + MUON),
     "bp-g1": ("bp, every gradient one step late", BP + ["--grad-delay", "1", "--lr", "4e-3"]),
     "bp-g1-muon": ("bp, every gradient one step late, Muon", BP + ["--grad-delay", "1", "--lr", "4e-3"] + MUON),
+    "bp-muon-2e-3": ("bp, no delay, Muon, lr 2e-3", D0 + BP + ["--lr", "2e-3"] + MUON),
+    "bp-g1-muon-2e-3": ("bp, one step late, Muon, lr 2e-3", BP + ["--grad-delay", "1", "--lr", "2e-3"] + MUON),
+    "bp-muon-1e-2": ("bp, no delay, Muon, lr 1e-2", D0 + BP + ["--lr", "1e-2"] + MUON),
+    "bp-g1-muon-1e-2": ("bp, one step late, Muon, lr 1e-2", BP + ["--grad-delay", "1", "--lr", "1e-2"] + MUON),
+    # five times the budget: does the cost of the delay shrink as training goes on?
+    "bp-muon-5M": ("bp, no delay, Muon, 5 M tokens", D0 + BP + ["--lr", "4e-3", "--tokens", "5000000"] + MUON),
+    "bp-g1-muon-5M": ("bp, one step late, Muon, 5 M tokens",
+                      BP + ["--grad-delay", "1", "--lr", "4e-3", "--tokens", "5000000"] + MUON),
 }
 _DELAY_ONLY = {"--boundary-delay", "--replay-weights", "--delay-warmup", "--delay-lr-power", "--grad-delay"}  # each takes a value
 

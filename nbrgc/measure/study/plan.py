@@ -34,7 +34,7 @@ _NOT_IN_KEY = ("log_every", "keep", "ckpt_every", "stage_workers", "attention", 
 _KEY_IF_NOT = {"horizon": "0", "aux_weight": 1.0, "boundary_delay": 1, "delay_warmup": 0,
                "replay_weights": "current", "readout_blocks": 0,
                "delay_lr_power": 0.0, "optimizer": "adamw",
-               "muon_momentum": 0.95}
+               "muon_momentum": 0.95, "grad_delay": 0}
 
 
 def key_train_config(tc):
