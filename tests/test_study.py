@@ -55,7 +55,8 @@ def test_every_arm_maps_to_its_train_config():
             "rgc-hall": ("pipe-sync", 1, "uniform", "standard"),
             "rgc-readout": ("pipe-sync", 1, "uniform", "standard"),
             "bp-muon": ("bp", 1, "uniform", "standard"), "pipe-muon": ("pipe-sync", 0, "uniform", "standard"),
-            "rgc-async-muon": ("rgc-async", 1, "uniform", "standard")}
+            "rgc-async-muon": ("rgc-async", 1, "uniform", "standard"),
+            "pipe-2bw-muon": ("bp", 1, "uniform", "standard")}
     objective = {"pipe": ("all", 0.0, "current"), "pipe-stash": ("all", 0.0, "stashed"),
                  "pipe-muon": ("all", 0.0, "current"),
                  "rgc-h1": ("stage", 1.0, "current"), "rgc-h1-d0": ("stage", 1.0, "current"),
@@ -65,12 +66,14 @@ def test_every_arm_maps_to_its_train_config():
         tc = study.train_config(arm, base, 3, 2e-3, 200, 8)
         assert (tc.mode, tc.max_staleness, tc.consensus, tc.stage_init) == (mode, s, cons, init)
         assert (tc.seed, tc.lr, tc.steps, tc.eval_every, tc.warmup, tc.batch) == (3, 2e-3, 200, 8, 20, 4)
-        assert tc.n_stages == {"bp": 1, "bp-quarter": 1, "bp-half": 1, "bp-muon": 1, "rgc-async-k8": 8}.get(arm, 2)
+        assert tc.n_stages == {"bp": 1, "bp-quarter": 1, "bp-half": 1, "bp-muon": 1, "pipe-2bw-muon": 1,
+                               "rgc-async-k8": 8}.get(arm, 2)
         h, aux, replay = objective.get(arm, ("0", 1.0, "current"))
         assert (tc.horizon, tc.aux_weight, tc.replay_weights) == (h, aux, replay), arm
         assert tc.boundary_delay == (0 if arm == "rgc-h1-d0" else 1) and tc.delay_warmup == 0
         assert tc.readout_blocks == (1 if arm == "rgc-readout" else 0)
         assert tc.optimizer == ("muon" if arm.endswith("-muon") else "adamw")
+        assert tc.grad_delay == (1 if arm == "pipe-2bw-muon" else 0)
     for K in (4, 8):  # an arm's own stage count holds whatever the study's
         assert study.train_config("rgc-async-k2", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == 2
         assert study.train_config("rgc-async", dict(base, n_stages=K), 0, 1e-3, 200, 8).n_stages == K

@@ -51,7 +51,8 @@ def build_parser():
                    "(losses reach one stage back, one step late; rgc-h1-d0: in the same step), "
                    "rgc-hall (local losses plus the late global gradient), rgc-readout (a private "
                    "block before each earlier stage's readout); bp-muon, pipe-muon, "
-                   "rgc-async-muon (with --optimizer muon); "
+                   "rgc-async-muon (with --optimizer muon), pipe-2bw-muon (PipeDream-2BW's numerics: bp "
+                   "--grad-delay 1, Muon); "
                    "and the diagnostics bp-quarter, bp-half (BP at 1/4 and 1/2 of the layers) "
                    "(default: all that fit the model)")
     s.add_argument("--seeds", default="5", help="a count N (seeds 0..N-1) or a list 0,3,7 (default: 5)")

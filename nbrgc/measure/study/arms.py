@@ -13,6 +13,9 @@ An arm that sets ``depth`` (a fraction) trains the study's model with that fract
 RGC reaches its first stage reaches alone, and how much its later stages add.
 
 The ``-muon`` arms train with ``--optimizer muon`` (Muon on the blocks' matrices, AdamW on the rest).
+``pipe-2bw-muon`` is PipeDream-2BW's numerics (``bp --grad-delay 1``: every stage one step late, a
+micro-batch's forward and backward on one weight version), the pipeline whose delay does not grow
+with depth.
 Each arm is judged against the BP arm of its own optimizer (:func:`reference_of`): the optimizer alone
 moves bits per byte by more than any scheme does, so a Muon arm set against AdamW BP would measure the
 optimizer, not the scheme. bp-muon itself is set against bp: what the optimizer gives.
@@ -70,10 +73,12 @@ ARMS.update({
     "bp-muon": dict(ARMS["bp"], optimizer="muon"),
     "pipe-muon": dict(ARMS["pipe"], optimizer="muon"),
     "rgc-async-muon": dict(ARMS["rgc-async"], optimizer="muon"),
+    "pipe-2bw-muon": dict(ARMS["bp"], optimizer="muon", grad_delay=1),
 })
 DIAGNOSTIC = ("bp-quarter", "bp-half")
 CROSSES = {a: ("everything" if a.startswith("bp") else "nothing") for a in ARMS}
 CROSSES.update({"pipe": "everything, late", "pipe-stash": "everything, late", "pipe-muon": "everything, late",
+                "pipe-2bw-muon": "everything, late",
                 "rgc-hall": "everything, late", "rgc-h1": "one hop", "rgc-h1-d0": "one hop"})
 
 
