@@ -19,7 +19,7 @@ from .common import SchemeBase
 class BP(SchemeBase):
     def __init__(self, model, tc, **_):
         super().__init__(model, tc)
-        self.opt = self._adamw(0, model.layout.size)
+        self.opt = self._optimizer(0, model.layout.size)
         self.delay = tc.grad_delay
         # with a delay: kept[t % N] holds the weights of step t until step t + N reads them
         self.kept = self.current = None

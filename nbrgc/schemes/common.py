@@ -14,7 +14,9 @@ class SchemeBase:
         self.V = np.zeros(model.layout.size, model.dtype)
         self.done = []
 
-    def _adamw(self, lo, hi):
+    def _optimizer(self, lo, hi):
+        """The run's optimizer (--optimizer: AdamW, or Muon on the blocks' matrices and AdamW on the
+        rest) over the parameter slice [lo, hi), its moments in this scheme's M and V."""
         tc, m = self.tc, self.model
         return make_optimizer(tc.optimizer, m.flat, m.grad_flat, self.M, self.V, m.decay_mask, lo, hi,
                               m.layout, muon_momentum=tc.muon_momentum, beta1=tc.beta1,

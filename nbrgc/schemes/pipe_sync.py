@@ -109,9 +109,9 @@ class PipeSync(StagesInTurn, SchemeBase):
                               "--optimizer adamw")
         self.lr_power = tc.delay_lr_power if delay is None else 0.0
         self.ranges = stage_param_ranges(model.layout, self.stages)
-        self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
+        self.opts = [self._optimizer(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
-        self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
+        self.opt_dec = self._optimizer(self.dec_lo, self.dec_hi)
         self.cw = decoder_weights(tc.consensus, K, lam)
         self.rgc = RGCBuffer(K, self.dec_hi - self.dec_lo, model.dtype, weights=self.cw)
         # decoder version v is the decoder after v rounds; step t reads version max(0, t - S)

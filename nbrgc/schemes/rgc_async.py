@@ -58,9 +58,9 @@ class RGCAsync(StageRuntime, SchemeBase):
         self.S = tc.max_staleness
         self.stages = split_stages(model.cfg.n_layer, self.K)
         self.ranges = stage_param_ranges(model.layout, self.stages)
-        self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
+        self.opts = [self._optimizer(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
-        self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
+        self.opt_dec = self._optimizer(self.dec_lo, self.dec_hi)
         self.budget = tc.threads or cpu_count()
         self.W = resolve_stage_workers(tc, self.budget)
         # the stages this process runs (all of them here; a contiguous share under MPI, see

@@ -19,9 +19,9 @@ class RGCSync(StagesInTurn, SchemeBase):
         super().__init__(model, tc)
         self.stages = split_stages(model.cfg.n_layer, tc.n_stages)
         self.ranges = stage_param_ranges(model.layout, self.stages)
-        self.opts = [self._adamw(lo, hi) for lo, hi in self.ranges]
+        self.opts = [self._optimizer(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
-        self.opt_dec = self._adamw(self.dec_lo, self.dec_hi)
+        self.opt_dec = self._optimizer(self.dec_lo, self.dec_hi)
         self.rgc = RGCBuffer(len(self.stages), self.dec_hi - self.dec_lo, model.dtype,
                              weights=consensus_weights(tc))
         self._ws = None
