@@ -21,20 +21,26 @@ class BP(SchemeBase):
         super().__init__(model, tc)
         self.opt = self._optimizer(0, model.layout.size)
         self.delay = tc.grad_delay
-        # with a delay: kept[t % N] holds the weights of step t until step t + N reads them
-        self.kept = self.current = None
+        # with a delay: kept[t % N] holds the weights of step t until step t + N reads them (made at
+        # the first step or checkpoint, after a resume has loaded the weights), and current holds
+        # the step's own weights while the model computes on the old ones
+        self.kept = None
+        self.current = np.empty_like(model.flat) if self.delay else None
 
     def optimizers(self):
         return [self.opt]
 
+    def _kept(self):
+        """The kept weights; on a fresh run every slot holds the initial weights, which the steps
+        before N read."""
+        if self.kept is None:
+            self.kept = np.repeat(self.model.flat[None], self.delay, axis=0)
+        return self.kept
+
     def _delayed_weights(self, step):
         """Put the weights of step - N in the model and keep this step's for step + N."""
         W = self.model.flat
-        if self.kept is None:  # a fresh run: the steps before N read the initial weights
-            self.kept = np.repeat(W[None], self.delay, axis=0)
-        if self.current is None:
-            self.current = np.empty_like(W)
-        slot = self.kept[step % self.delay]
+        slot = self._kept()[step % self.delay]
         self.current[...] = W
         W[...] = slot
         slot[...] = self.current
@@ -55,9 +61,7 @@ class BP(SchemeBase):
     def state(self):
         arrays, meta = super().state()
         if self.delay:
-            if self.kept is None:
-                self.kept = np.repeat(self.model.flat[None], self.delay, axis=0)
-            arrays["bp_delayed_weights"] = self.kept
+            arrays["bp_delayed_weights"] = self._kept()
             meta["grad_delay"] = self.delay
         return arrays, meta
 
