@@ -3,7 +3,9 @@ from dataclasses import dataclass, asdict, fields, replace
 
 from .errors import ConfigError
 
-MODES = ("bp", "rgc-sync", "rgc-async", "pipe-sync")
+MODES = ("bp", "rgc-sync", "rgc-async", "pipe-sync", "pipe-async")
+THREADED = ("rgc-async", "pipe-async")  # the modes whose stages run on worker threads
+STAGED = ("rgc-sync", "rgc-async", "pipe-sync", "pipe-async")
 ON_NAN = ("stop", "skip")
 
 
@@ -203,7 +205,7 @@ class TrainConfig:
             raise ConfigError(f"consensus must be one of {', '.join(CONSENSUS)}, got {self.consensus!r}")
         if self.stage_init not in STAGE_INIT:
             raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
-        pipe = self.base_mode == "pipe-sync"
+        pipe = self.base_mode in ("pipe-sync", "pipe-async")
         h = ("all" if pipe else "0") if self.horizon is None else str(self.horizon).strip().lower()
         if h not in ("all", "stage") and not h.isdigit():
             raise ConfigError(f"horizon must be a number of blocks >= 0, 'stage' or 'all', got "
@@ -218,7 +220,7 @@ class TrainConfig:
         object.__setattr__(self, "grad_delay", _int("grad_delay", self.grad_delay, 0))
         if self.grad_delay and self.base_mode != "bp":
             raise ConfigError("--grad-delay delays backprop's whole gradient (--mode bp); the "
-                              "pipeline's per-stage delays are --boundary-delay (--mode pipe-sync)")
+                              "pipeline's per-stage delays are --boundary-delay (--mode pipe-sync, pipe-async)")
         if self.replay_weights not in REPLAY_WEIGHTS:
             raise ConfigError(f"replay_weights must be one of {', '.join(REPLAY_WEIGHTS)}, got "
                               f"{self.replay_weights!r}")
@@ -236,14 +238,10 @@ class TrainConfig:
             raise ConfigError(f"seq ({seq}) must be <= ctx ({mcfg.ctx})")
         if self.mode != "bp" and mcfg.n_layer % self.n_stages:
             raise ConfigError(f"n_stages ({self.n_stages}) must divide n_layer ({mcfg.n_layer})")
-        if self.mode == "rgc-async" and not self.is_plain_rgc():
-            raise ConfigError("rgc-async runs RGC's own objective: for --horizon, --aux-weight and "
-                              "--readout-blocks use --mode pipe-sync (the pipeline's schedule in "
-                              "one thread, --max-staleness as rgc-async's)")
         if self.mode == "bp" and self.readout_blocks:
-            raise ConfigError("readout blocks serve the stages of rgc-sync and pipe-sync; bp has one "
+            raise ConfigError("readout blocks serve the stages of the staged modes; bp has one "
                               "readout, the full network's")
-        if self.base_mode in ("rgc-sync", "pipe-sync") and self.n_stages > 1:
+        if self.base_mode in STAGED and self.n_stages > 1:
             from .horizon import check_coverage, resolve_horizon
             from .local import split_stages
             from .schemes.pipe_sync import stage_horizon
@@ -251,7 +249,7 @@ class TrainConfig:
             stage_horizon(self.horizon, stages)
             check_coverage(mcfg.n_layer, stages,
                            resolve_horizon(self.horizon, mcfg.n_layer, self.n_stages), self.aux_weight)
-        if self.mode == "rgc-async":
+        if self.threaded:
             groups = parse_stage_threads(self.stage_threads, self.n_stages)
             if self.stage_workers > self.n_stages:
                 raise ConfigError(f"stage_workers ({self.stage_workers}) must be <= n_stages "
@@ -268,6 +266,11 @@ class TrainConfig:
             return self.mode
         from .schemes import registered
         return registered(self.mode)[1]
+
+    @property
+    def threaded(self):
+        """Whether the stages run on worker threads (rgc-async, pipe-async, or a mode like them)."""
+        return self.base_mode in THREADED
 
     def is_plain_rgc(self):
         """Whether the objective is RGC's own (horizon 0, aux_weight 1, no readout blocks)."""

@@ -45,21 +45,24 @@ def estimate(cfg, tc, B, T, nt):
     else:
         K, per = tc.n_stages, L // tc.n_stages
         n_ws = 1
-        if tc.mode == "rgc-async":  # one workspace per worker (stages sharing a worker share it)
+        threaded = tc.threaded
+        pipe_rule = tc.base_mode in ("pipe-sync", "pipe-async") or not tc.is_plain_rgc()
+        delayed = tc.base_mode in ("pipe-sync", "pipe-async", "rgc-async")  # rgc-sync: no delay
+        if threaded:  # one workspace per worker (stages sharing a worker share it)
             from .config import resolve_stage_workers
             from .threads import cpu_count
             n_ws = resolve_stage_workers(tc, tc.threads or cpu_count())
         out["activations"] = n_ws * workspace_bytes(cfg, B, T, per, item, nt, attention=tc.attention)
-        S = tc.max_staleness if tc.base_mode in ("rgc-async", "pipe-sync") else 0
+        S = tc.max_staleness if delayed else 0
         out["rgc"] = (S + 1) * K * dec * item + dec * item
-        if tc.base_mode == "pipe-sync" or (tc.base_mode == "rgc-sync" and not tc.is_plain_rgc()):
+        if pipe_rule:
             from .horizon import loss_weights
             from .local import split_stages
             from .schemes.pipe_sync import ring_shapes, stage_horizon
             hops = stage_horizon(tc.horizon, split_stages(L, K))
-            d_ = tc.boundary_delay if tc.base_mode == "pipe-sync" else 0
+            d_ = tc.boundary_delay if delayed else 0
             stash = None
-            if tc.base_mode == "pipe-sync" and tc.replay_weights != "current":
+            if delayed and tc.replay_weights != "current":
                 blocks = per * (12 * d * d + 13 * d)
                 stash = [blocks + (V + cfg.ctx) * d * (k == 0) for k in range(K)]
             rings = ring_shapes(K, hops, loss_weights(K, tc.aux_weight), d_, B, T, d, stash,
@@ -67,16 +70,17 @@ def estimate(cfg, tc, B, T, nt):
             out["pipe_rings"] = sum((4 if dt else item) * math.prod(shape)
                                     for shape, dt in rings.values())
             out["decoder_versions"] = (S + 2) * dec * item
-        if tc.base_mode in ("rgc-sync", "pipe-sync") and tc.readout_blocks and K > 1:
+        if tc.readout_blocks and K > 1:
             n = tc.readout_blocks * (K - 1)
             # params, grads, AdamW moments of a model of n blocks, and one workspace of N blocks
             out["readout"] = 4 * item * (n * (12 * d * d + 13 * d) + (V + cfg.ctx) * d + dec) + \
-                workspace_bytes(cfg, B, T, tc.readout_blocks, item, nt, decoder=False,
+                n_ws * workspace_bytes(cfg, B, T, tc.readout_blocks, item, nt, decoder=False,
                                 attention=tc.attention)
-        if tc.mode == "rgc-async":
+        if threaded:
             out["ring"] = max(K - 1, 1) * (S + 1) * B * T * cfg.d_model * item
             out["decoder_versions"] = (S + 2) * dec * item
-            if tc.ckpt_every or tc.eval_every:  # evaluations and checkpoints read a copy (nbrgc.boundary)
+            snapshots = not pipe_rule  # pipe-async drains instead
+            if snapshots and (tc.ckpt_every or tc.eval_every):  # they read a copy (nbrgc.boundary)
                 out["checkpoint_snapshot"] = 3 * P * item + (S + 2) * dec * item
     out["total"] = int(sum(out.values()))
     return out

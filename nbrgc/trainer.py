@@ -198,7 +198,7 @@ class Trainer:
         start, restored = 0, None
         if self.resume and self.out is not None:
             start, restored = self._restore(model, scheme, batches)
-        if tc.mode == "rgc-async":
+        if tc.threaded:
             scheme.tune(tc.batch, self.seq)
             self.info(f"stage thread groups: {scheme.groups} (budget {budget}) on {scheme.W} worker(s) "
                       f"(stage k on worker k mod {scheme.W}), max staleness {tc.max_staleness}")
@@ -245,7 +245,7 @@ class Trainer:
             while r.step < tc.steps and not self._stop.is_set():
                 x, y = r.batches.next()
                 r.clock.submitting(r.step, time.perf_counter())
-                if self.fault_hook is not None and tc.mode != "rgc-async":
+                if self.fault_hook is not None and not tc.threaded:  # threaded stages call it
                     for k in range(len(r.stages)):
                         self.fault_hook(k, r.step)
                 scheme.submit(r.step, x, y, lr_at(r.step, tc))
@@ -365,7 +365,7 @@ class Trainer:
                    "tokens": (r.step - r.start) * tc.batch * self.seq, "wall_s": time.perf_counter() - r.t_start,
                    "tokens_per_s": r.clock.tokens_per_s(), "peak_rss_mib": peak_rss_mib(),
                    "expected_mib": r.est["total"] / 2**20, "checkpoint": r.last_ckpt, "stopped": self._stop_reason}
-        if tc.mode == "rgc-async":
+        if tc.threaded:
             summary["stage_threads"] = scheme.groups
             summary["stage_workers"] = scheme.W
             summary["pipeline_buffers_mib"] = scheme.buffer_bytes() / 2**20

@@ -121,8 +121,11 @@ def test_bad_settings_are_one_line_errors():
     with pytest.raises(ConfigError, match="no gradient"):
         TrainConfig(mode="rgc-sync", n_stages=4, horizon="2", aux_weight=0).validate_for(
             preset("tiny", n_layer=8))
-    with pytest.raises(ConfigError, match="use --mode pipe-sync"):
-        TrainConfig(mode="rgc-async", n_stages=2, horizon="all").validate_for(TINY4)
+    with pytest.raises(ConfigError, match="not 0, one stage"):
+        TrainConfig(mode="rgc-async", n_stages=4, horizon="3").validate_for(preset("tiny", n_layer=8))
+    with pytest.raises(ConfigError, match="no gradient"):
+        TrainConfig(mode="pipe-async", n_stages=4, horizon="2", aux_weight=0).validate_for(
+            preset("tiny", n_layer=8))
     with pytest.raises(ConfigError, match="horizon"):
         TrainConfig(mode="pipe-sync", horizon="far")
     with pytest.raises(ConfigError, match="aux_weight"):

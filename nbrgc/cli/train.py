@@ -45,49 +45,49 @@ def build_parser():
     g.add_argument("--mode", default=D["mode"], help=" | ".join(MODES))
     g.add_argument("--n-stages", type=int, default=D["n_stages"], help="RGC stages (must divide n_layer)")
     g.add_argument("--stage-threads", default=D["stage_threads"],
-                   help="rgc-async thread groups: auto or 1,1,1,1")
+                   help="rgc-async, pipe-async thread groups: auto or 1,1,1,1")
     g.add_argument("--attention", default=D["attention"],
                    help=" | ".join(ATTENTION) + ": keep each block's attention probabilities for the "
                         "backward, or recompute them there (same results, less memory, a few "
                         "percent slower)")
     g.add_argument("--stage-workers", type=workers, default=D["stage_workers"],
-                   help="rgc-async: worker threads the stages share (stage k on worker k mod W; "
+                   help="rgc-async, pipe-async: worker threads the stages share (stage k on worker k mod W; "
                         "memory grows with W). auto: one per stage, or, when the thread budget is "
                         "below n_stages, the most workers with equal shares of the stages "
                         "(default: auto)")
     g.add_argument("--max-staleness", type=int, default=D["max_staleness"],
-                   help="rgc-async, pipe-sync: step t reads the decoder version t - S (S: steps a "
+                   help="rgc-async, pipe-sync/async: step t reads the decoder version t - S (S: steps a "
                         "stage may run ahead)")
     g.add_argument("--consensus", choices=CONSENSUS, default=D["consensus"],
                    help="rgc: how the stages' decoder gradients combine: uniform average, depth "
                         "(stage k weighted (k+1)/sum), or last (the last stage's alone)")
     g.add_argument("--horizon", default=None,
-                   help="rgc-sync, pipe-sync: blocks below a stage's input its loss's gradient "
-                        "reaches: 0 (RGC), stage (one stage back), or all (default: pipe-sync all, "
+                   help="staged modes: blocks below a stage's input its loss's gradient reaches: 0 "
+                        "(RGC), stage (one stage back), or all (default: pipe-sync/async all, "
                         "else 0; docs/schemes.md)")
     g.add_argument("--aux-weight", type=finite_number, default=None,
-                   help="rgc-sync, pipe-sync: weight of the earlier stages' losses beside the last "
-                        "one's (default: pipe-sync 0, pipelined backprop; else 1, RGC)")
+                   help="staged modes: weight of the earlier stages' losses beside the last one's "
+                        "(default: pipe-sync/async 0, pipelined backprop; else 1, RGC)")
     g.add_argument("--boundary-delay", type=int, default=D["boundary_delay"],
-                   help="pipe-sync: steps a boundary gradient takes per hop (1: an asynchronous "
+                   help="pipe-sync/async, rgc-async with a horizon: steps a boundary gradient takes per hop (1: an asynchronous "
                         "pipeline's; 0: none)")
     g.add_argument("--grad-delay", type=int, default=D["grad_delay"],
                    help="bp: compute each gradient on the weights of N updates ago and apply it to "
                         "the current ones (1: PipeDream-2BW's numerics, every stage one step late "
                         "with consistent weights; keeps N copies of the weights)")
     g.add_argument("--delay-warmup", type=int, default=D["delay_warmup"],
-                   help="pipe-sync: the first N steps run with no boundary delay (the pipeline "
+                   help="pipe-sync/async: the first N steps run with no boundary delay (the pipeline "
                         "synchronous while Adam's steps are largest)")
     g.add_argument("--replay-weights", choices=REPLAY_WEIGHTS, default=D["replay_weights"],
-                   help="pipe-sync: the late backward recomputes a stage's forward with its current "
+                   help="pipe-sync/async: the late backward recomputes a stage's forward with its current "
                         "weights, with the stashed weights that micro-batch's forward used, or "
                         "(predicted) runs that forward on weights extrapolated to the step its "
                         "gradient lands, W + D (W - W_prev), or (momentum) D Adam steps ahead along "
                         "its moments, and replays on them")
     g.add_argument("--delay-lr-power", type=finite_number, default=D["delay_lr_power"],
-                   help="pipe-sync: a stage whose gradient is D steps late steps at lr / (1 + D)^p")
+                   help="pipe-sync/async: a stage whose gradient is D steps late steps at lr / (1 + D)^p")
     g.add_argument("--readout-blocks", type=int, default=D["readout_blocks"],
-                   help="rgc-sync, pipe-sync: private blocks between each stage but the last and "
+                   help="staged modes: private blocks between each stage but the last and "
                         "the shared decoder, trained by that stage's loss alone, never evaluated")
     g.add_argument("--stage-init", choices=STAGE_INIT, default=D["stage_init"],
                    help="rgc: identity starts the residual output projections of stages 1..K-1 at "
@@ -196,7 +196,7 @@ def parse(argv=None):
                      readout_blocks=a.readout_blocks, delay_lr_power=a.delay_lr_power,
                      grad_delay=a.grad_delay)
     tc.validate_for(mcfg)
-    if a.mode == "rgc-async":
+    if tc.threaded:
         from ..config import parse_stage_threads
         groups = parse_stage_threads(a.stage_threads, tc.n_stages)
         if groups and sum(groups) > 4 * cpu_count():

@@ -50,11 +50,14 @@ def ranks_on_this_host(comm):
         local.Free()
 
 
-def check_fit(mode, n_ranks, n_stages, batch):
-    """One-line refusal of a rank count the run cannot use."""
-    if mode == "pipe-sync":
+def check_fit(mode, n_ranks, n_stages, batch, plain_rgc=True):
+    """One-line refusal of a rank count (or a mode, or an objective) the run cannot use."""
+    if mode == "rgc-async" and not plain_rgc:
+        raise ConfigError("--distributed mpi runs rgc-async with RGC's own objective; with --horizon, "
+                          "--aux-weight or --readout-blocks it runs in one process")
+    if mode in ("pipe-sync", "pipe-async"):
         raise ConfigError("--distributed mpi runs bp (data parallel) or rgc-async (stages on ranks); "
-                          "pipe-sync runs in one process (its boundary gradients do not travel "
+                          f"{mode} runs in one process (its boundary gradients do not travel "
                           "between ranks yet)")
     if mode == "rgc-sync":
         raise ConfigError("--distributed mpi runs bp (data parallel) or rgc-async (stages on ranks); "

@@ -154,7 +154,7 @@ def run_ranks(mcfg, tc, a, fault_hook):
     trainer = None
     try:
         try:
-            check_fit(tc.mode, link.size, tc.n_stages, tc.batch)
+            check_fit(tc.mode, link.size, tc.n_stages, tc.batch, tc.is_plain_rgc())
         except NbrgcError as exc:
             raise AgreedError(str(exc)) from None
         if not tc.threads:  # the cores of this machine, shared by the ranks on it

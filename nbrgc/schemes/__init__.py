@@ -52,5 +52,8 @@ def make_scheme(model, tc, **kw):
     if tc.mode == "rgc-sync":
         from .rgc_sync import RGCSync
         return RGCSync(model, tc, **kw)
+    if tc.mode == "pipe-async" or not tc.is_plain_rgc():  # rgc-async with another objective
+        from .pipe_async import PipeAsync
+        return PipeAsync(model, tc, **kw)
     from .rgc_async import RGCAsync
     return RGCAsync(model, tc, **kw)

@@ -1,28 +1,13 @@
-"""The pipeline's schedule, stage by stage in one thread: the objective of :mod:`nbrgc.horizon` with its
-gradients arriving as late as an asynchronous pipeline delivers them.
+"""The pipeline's schedule, stage by stage in one thread: the rule of :mod:`nbrgc.schemes.pipe_rule`
+(the objective of :mod:`nbrgc.horizon` with its gradients arriving as late as an asynchronous
+pipeline delivers them) run in the calling thread. Per step t: every stage's forward and own loss in
+stage order, then every stage's late gradient and update in reverse stage order, then the decoder's
+consensus step. :class:`~nbrgc.schemes.pipe_async.PipeAsync` runs the same rule on worker threads
+and computes the same bits.
 
-Per step t, every stage k (blocks lo..hi-1, its own AdamW and clipping, as in rgc-sync):
-
-1. **forward and own loss.** Stage k runs micro-batch t on its input (the embeddings for stage 0, the
-   output of stage k-1 otherwise) and reads its loss L_k through the decoder version max(0, t - S)
-   (``--max-staleness S``, as rgc-async). The gradient of a_k * L_k (a_k = aux_weight, 1 for the last
-   stage) goes through its own blocks at once, and its decoder gradient into the consensus slot.
-2. **late gradient** (horizon > 0). Stage k < K-1 also applies the gradient that stage k+1 sent back
-   for the boundary of micro-batch s = t - D_k: it recomputes its forward on s from the input it kept
-   (features replay: only the input is stored, B*T*d floats a step in flight, and the replay uses the
-   current weights), and backpropagates the message through its blocks.
-3. **message down.** With ``horizon all`` the message stage k sends down for micro-batch s is the
-   gradient at its input of everything above it (its late part plus its own loss's part, which it
-   computed at step s and kept); with a horizon of one stage it is its own loss's part alone, sent
-   at step s (the loss reaches one stage below its input and no further).
-4. **updates.** Each stage clips its gradient (its parameters and its decoder contribution) and
-   steps; the decoder steps on the weighted consensus into version t + 1.
-
-Each hop costs ``--boundary-delay d`` steps (1: a message computed at step t is used at t + 1, as in
-an asynchronous pipeline where the stages run side by side; 0: the synchronous reference), so
-D_k = d (K - 1 - k) for ``horizon all`` and D_k = d for a horizon of one stage. The rule fixes every
-delay, so the trajectory is the same whatever the cadence of evaluations, checkpoints, stops and
-resumes; the rings of kept inputs, own gradients and messages are written into every checkpoint.
+The rule fixes every delay, so the trajectory is the same whatever the cadence of evaluations,
+checkpoints, stops and resumes; the rings of kept inputs, own gradients and messages are written
+into every checkpoint.
 
 The corners: horizon 0, aux_weight 1 is rgc-sync (S = 0) and rgc-async (S), bit for bit; horizon all,
 aux_weight 0, delay 0 is backprop with per-stage clipping (bit for bit backprop with --grad-clip 0).
@@ -30,130 +15,31 @@ Horizons that are not 0, one stage or all are left to the reference :func:`nbrgc
 """
 import numpy as np
 
-from ..errors import CheckpointError, ConfigError
-from ..horizon import check_aux_weight, check_coverage, decoder_weights, loss_weights, resolve_horizon
-from ..local import RGCBuffer, split_stages, stage_param_ranges, stage_sumsq
-from ..optim import clip_scale
+from ..local import RGCBuffer, split_stages, stage_param_ranges
 from . import StepResult
 from .common import SchemeBase, StagesInTurn
+from .pipe_rule import PipeRule, delays, ring_shapes, stage_horizon  # noqa: F401 (their old home)
 
 
-def stage_horizon(horizon, stages):
-    """The horizon in stages a scheme supports: 0 (none), 1 (one stage back) or "all"."""
-    L = stages[-1][1]
-    per = stages[0][1] - stages[0][0]
-    H = resolve_horizon(horizon, L, len(stages))
-    if H == 0:
-        return 0
-    if H >= L - per:  # reaches block 0 from the last stage's input
-        return "all"
-    if H == per:
-        return 1
-    raise ConfigError(f"horizon {horizon} is not 0, one stage ({per} blocks) or all: the training "
-                      "schemes send gradients a whole stage at a time (any horizon: "
-                      "nbrgc.local_loss_and_grad)")
-
-
-def delays(n_stages, hops, d):
-    """D_k: how many steps late stage k's gradient from the boundary above arrives."""
-    if hops == 0:
-        return [0] * n_stages
-    if hops == "all":
-        return [d * (n_stages - 1 - k) for k in range(n_stages)]
-    return [d] * (n_stages - 1) + [0]
-
-
-def ring_shapes(n_stages, hops, aux_weights, d, B, T, d_model, stash_sizes=None, predict=False):
-    """{name: (shape, dtype name)} of the rings a step in flight needs (every one is checkpointed):
-    stage 0's kept tokens, the kept inputs of stages 1..K-2, the messages for stages 0..K-2,
-    with ``horizon all`` the own-loss input gradients stages 1..K-2 keep until their late part,
-    with ``stash_sizes`` (parameters per stage) the stashed weights of stages 0..K-2, and with
-    ``predict`` also their weights before their last update."""
-    if not hops:
-        return {}
-    K, N, D = n_stages, B * T, delays(n_stages, hops, d)
-    out = {"tokens": ((D[0] + 1, B, T), "int32")}
-    out.update({f"input{k}": ((D[k] + 1, N, d_model), None) for k in range(1, K - 1)})
-    out.update({f"message{k}": ((d + 1, N, d_model), None) for k in range(K - 1)})
-    if hops == "all":
-        out.update({f"own{k}": ((D[k] + 1, N, d_model), None) for k in range(1, K - 1)
-                    if aux_weights[k]})
-    if stash_sizes is not None:
-        out.update({f"weights{k}": ((D[k] + 1, stash_sizes[k]), None) for k in range(K - 1)})
-        if predict:  # the weights before each stage's last update
-            out.update({f"prev{k}": ((stash_sizes[k],), None) for k in range(K - 1)})
-    return out
-
-
-class PipeSync(StagesInTurn, SchemeBase):
+class PipeSync(PipeRule, StagesInTurn, SchemeBase):
     def __init__(self, model, tc, staleness=None, delay=None, **_):
         """``staleness``, ``delay``: override tc's (rgc-sync runs this with 0 and 0, and then no
         delay warm-up or delay rescaling either)."""
         super().__init__(model, tc)
         self.stages = split_stages(model.cfg.n_layer, tc.n_stages)
-        K = self.K = len(self.stages)
-        self.hops = stage_horizon(tc.horizon, self.stages)
-        lam = check_aux_weight(tc.aux_weight)
-        check_coverage(model.cfg.n_layer, self.stages,
-                       resolve_horizon(tc.horizon, model.cfg.n_layer, K), lam)
-        self.a = loss_weights(K, lam)
-        self.S = tc.max_staleness if staleness is None else staleness
-        self.d = tc.boundary_delay if delay is None else delay
-        self.D = delays(K, self.hops, self.d)
-        self.warm = tc.delay_warmup if delay is None else 0  # steps run with no delay
-        self.stash = tc.replay_weights in ("stashed", "predicted", "momentum") and any(self.D)
-        self.predict = tc.replay_weights == "predicted" and any(self.D)
-        self.look_ahead = tc.replay_weights == "momentum" and any(self.D)
-        if self.look_ahead and tc.optimizer != "adamw":
-            raise ConfigError("--replay-weights momentum extrapolates AdamW's steps: use it with "
-                              "--optimizer adamw")
-        self.lr_power = tc.delay_lr_power if delay is None else 0.0
+        self.K = len(self.stages)
         self.ranges = stage_param_ranges(model.layout, self.stages)
         self.opts = [self._optimizer(lo, hi) for lo, hi in self.ranges]
         self.dec_lo, self.dec_hi = model.layout.decoder_range
         self.opt_dec = self._optimizer(self.dec_lo, self.dec_hi)
-        self.cw = decoder_weights(tc.consensus, K, lam)
-        self.rgc = RGCBuffer(K, self.dec_hi - self.dec_lo, model.dtype, weights=self.cw)
+        self._init_rule(staleness, delay)
+        self.rgc = RGCBuffer(self.K, self.dec_hi - self.dec_lo, model.dtype, weights=self.cw)
         # decoder version v is the decoder after v rounds; step t reads version max(0, t - S)
         self.versions = np.zeros((self.S + 2, self.dec_hi - self.dec_lo), model.dtype)
         self.version = None          # the newest version (None: not yet taken from the model)
-        self._ws = self._rings = None
-        self.readout, self.ro_opts = None, []
-        if tc.readout_blocks and K > 1:
-            from .readout import Readout
-            self.readout = Readout(model, K, tc.readout_blocks, tc.seed)
-            self.ro_opts = self.readout.optimizers(tc)
-
-    def optimizers(self):
-        return self.opts + [self.opt_dec] + self.ro_opts
+        self._ws = None
 
     # ------------------------------------------------------------------ pipeline state
-    def _alloc(self, B, T):
-        shapes = ring_shapes(self.K, self.hops, self.a, self.d, B, T, self.model.cfg.d_model,
-                             [hi - lo for lo, hi in self.ranges] if self.stash else None,
-                             self.predict)
-        self._rings = {name: np.zeros(shape, dt or self.model.dtype)
-                       for name, (shape, dt) in shapes.items()}
-        self._shape = (B, T)
-        for k in range(self.K - 1):
-            if f"prev{k}" in self._rings:  # no update yet: no extrapolation at the first step
-                plo, phi = self.ranges[k]
-                self._rings[f"prev{k}"][...] = self.model.flat[plo:phi]
-
-    def _settings(self):
-        """What fixes the trajectory besides the TrainConfig fields every mode shares: a resume must
-        have the same."""
-        return {"horizon": self.hops, "aux_weight": self.a[0] if self.K > 1 else 1.0,
-                "max_staleness": self.S, "boundary_delay": self.d, "delay_warmup": self.warm,
-                "replay_weights": self._replay_name(),
-                "readout_blocks": self.readout.N if self.readout else 0,
-                "delay_lr_power": self.lr_power}
-
-    def _replay_name(self):
-        if self.look_ahead:
-            return "momentum"
-        return "predicted" if self.predict else "stashed" if self.stash else "current"
-
     def _versions_from_model(self):
         self.versions[:] = self.model.flat[self.dec_lo:self.dec_hi]
         self.version = 0
@@ -163,201 +49,42 @@ class PipeSync(StagesInTurn, SchemeBase):
         if self.version is None:
             self._versions_from_model()
         arrays["decoder_versions"] = self.versions
-        for name, ring in (self._rings or {}).items():
-            arrays[f"pipe_{name}"] = ring
-        if self.readout is not None:
-            arrays.update(self.readout.state())
-        meta.update(pipe=dict(self._settings(),
-                              shape=list(self._shape) if self._rings else None))
+        self._rule_state(arrays, meta)
         return arrays, meta
 
     def load_state(self, arrays, meta):
         super().load_state(arrays, meta)
-        saved = meta.get("pipe")
-        if saved is None:
-            raise CheckpointError("checkpoint has no pipeline state (written by another mode)")
-        mine = self._settings()
-        for key, value in mine.items():
-            if saved.get(key) != value:
-                raise CheckpointError(f"checkpoint was written with {key} {saved.get(key)}, this run "
-                                      f"has {value} (resume with the same settings)")
+        self._load_rule(arrays, meta)
         self.versions[...] = arrays["decoder_versions"]
         self.version = int(meta["step"])
-        if self.readout is not None:
-            self.readout.load_state(arrays)
-        if saved.get("shape"):
-            self._alloc(*saved["shape"])
-            for name, ring in self._rings.items():
-                ring[...] = arrays[f"pipe_{name}"]
 
     # ------------------------------------------------------------------ one step
+    def _hand_on(self, k, t, out):
+        self._next_input = out.copy()  # taken before this stage's buffers are reused
+
     def submit(self, step, x, y, lr):
         m, K, t = self.model, self.K, step
         x, y = m.check_batch(x, y)
         ws = self._workspace(*x.shape)
         if self._rings is None or self._shape != x.shape:
-            self._alloc(*x.shape)
+            self._alloc_rings(*x.shape)
         if self.version is None:
             self._versions_from_model()
         pdec = self.versions[max(0, t - self.S) % (self.S + 2)]
-        G = m.grad_flat
+        losses = []
         for k in range(K):
-            plo, phi = self.ranges[k]
-            G[plo:phi] = 0.0
-            self.rgc.slot(0, k)[...] = 0.0
-            if self.readout is not None and k < K - 1:
-                self.readout.zero_grad(k)
-        losses = [self._forward_own(k, t, x, y, ws, pdec, lr) for k in range(K)]
-        if self.hops:
-            for k in range(K - 2, -1, -1):
-                self._late(k, t, ws)
-        self._update(t, lr, losses)
-
-    def _forward_own(self, k, t, x, y, ws, pdec, lr):
-        """Stage k's forward on micro-batch t and its own loss's backward; returns the loss."""
-        current = self._predict(k, t, lr)
-        try:
-            return self._forward_own_body(k, t, x, y, ws, pdec)
-        finally:
-            if current is not None:
-                plo, phi = self.ranges[k]
-                self.model.flat[plo:phi] = current
-
-    def _predict(self, k, t, lr):
-        """Stash the weights micro-batch t's forward of stage k uses (with ``predicted``: put the
-        extrapolated weights in place, returning the current ones to restore afterwards)."""
-        m, r = self.model, self._rings
-        current = None
-        if self.stash and k < self.K - 1:
-            plo, phi = self.ranges[k]
-            w = r[f"weights{k}"][t % (self.D[k] + 1)]
-            if self.predict and self.D[k] and t >= self.warm:
-                # linear weight prediction: the weights extrapolated to step t + D_k, where this
-                # micro-batch's gradient will be applied, W + D_k (W - W_prev)
-                current = m.flat[plo:phi].copy()
-                np.subtract(current, r[f"prev{k}"], out=w)
-                w *= w.dtype.type(self.D[k])
-                w += current
-                m.flat[plo:phi] = w
-            elif self.look_ahead and self.D[k] and t >= self.warm and self.opts[k].t:
-                # momentum look-ahead (SpecTrain; PipeNAG's Nesterov look-ahead for Adam): the
-                # weights D_k of Adam's current steps ahead, W - D_k lr m^/(sqrt(v^) + eps), the
-                # smoothed direction instead of the last, noisy difference
-                opt = self.opts[k]
-                current = m.flat[plo:phi].copy()
-                mhat = opt.M / (1.0 - opt.beta1 ** opt.t)
-                vhat = opt.V / (1.0 - opt.beta2 ** opt.t)
-                w[...] = current - (self.D[k] * lr) * mhat / (np.sqrt(vhat) + opt.eps)
-                m.flat[plo:phi] = w
-            else:
-                w[...] = m.flat[plo:phi]
-        return current
-
-    def _forward_own_body(self, k, t, x, y, ws, pdec):
-        m, r, a = self.model, self._rings, self.a[k]
-        lo, hi = self.stages[k]
-        if k == 0:
-            h = m.embed(x, ws)
-            if self.hops:
-                r["tokens"][t % (self.D[0] + 1)] = x
-        else:
-            h = ws.resid[0]
-            h[...] = self._next_input
-            if self.hops and k < self.K - 1:
-                r[f"input{k}"][t % (self.D[k] + 1)] = h
-        out = m.forward_blocks(h, lo, hi, ws)
-        if k + 1 < self.K:
-            self._next_input = out.copy()  # taken before this stage's buffers are reused
-        ro = self.readout if k < self.K - 1 else None
-        read = out if ro is None else ro.forward(k, out, ws.B, ws.T)  # what the decoder reads
-        if a == 0.0 and self.cw is not None and self.cw[k] == 0.0:
-            return float(m.decoder_loss(read, y, ws, pdec=pdec))  # reported, not trained on
-        loss, dh = self.local_loss(k, t, read, y, ws, pdec)
-        if a == 0.0:
-            return float(loss)
-        if a != 1.0:
-            dh *= dh.dtype.type(a)
-        if ro is not None:
-            dh = ro.backward(k, dh)
-        dx = m.backward_blocks(dh, lo, hi, ws)
-        if k == 0:
-            m.embed_backward(ws, dx)
-        elif self.hops == 1 or (self.hops == "all" and k == self.K - 1):
-            r[f"message{k - 1}"][t % (self.d + 1)] = dx
-        elif self.hops == "all":
-            r[f"own{k}"][t % (self.D[k] + 1)] = dx
-        return float(loss)
-
-    def local_loss(self, k, t, h, y, ws, pdec):
-        """The stage rule's loss: stage k's loss on ``h`` (its output, or its readout blocks') for
-        micro-batch t with targets ``y``, read through the decoder parameters ``pdec``. Returns
-        (loss, dL/dh), dL/dh in ``ws.dh``, and adds the loss's decoder gradient into the stage's
-        consensus slot ``self.rgc.slot(0, k)``. RGC's: next-byte cross-entropy through the shared
-        decoder. Override it to try another local objective (docs/schemes.md)."""
-        return self.model.decoder_loss_and_grad(h, y, ws, gdec=self.rgc.slot(0, k), pdec=pdec)
-
-    def _late(self, k, t, ws):
-        """Stage k's late part: the message for micro-batch t - D_k, through a replay of its forward.
-        During the delay warm-up (t < N) every delay is 0; after it, the micro-batches before N
-        have had their late part already."""
-        s = t if t < self.warm else t - self.D[k]
-        if s < 0 or (t >= self.warm and s < self.warm and self.D[k]):
-            return  # nothing has come back yet for this stage
-        m, r = self.model, self._rings
-        lo, hi = self.stages[k]
-        if self.stash:  # replay with the weights micro-batch s's forward used
-            plo, phi = self.ranges[k]
-            current = m.flat[plo:phi].copy()
-            m.flat[plo:phi] = r[f"weights{k}"][s % (self.D[k] + 1)]
-        if k == 0:
-            h = m.embed(r["tokens"][s % (self.D[0] + 1)], ws)
-        else:
-            h = ws.resid[0]
-            h[...] = r[f"input{k}"][s % (self.D[k] + 1)]
-        m.forward_blocks(h, lo, hi, ws)
-        dx = m.backward_blocks(r[f"message{k}"][s % (self.d + 1)], lo, hi, ws)
-        if k == 0:
-            m.embed_backward(ws, dx)
-        elif self.hops == "all":
-            down = r[f"message{k - 1}"][s % (self.d + 1)]
-            if self.a[k]:
-                np.add(dx, r[f"own{k}"][s % (self.D[k] + 1)], out=down)
-            else:
-                down[...] = dx
-        if self.stash:
-            m.flat[plo:phi] = current
-
-    def _lr_factor(self, k, t):
-        """--delay-lr-power p: a delayed stage steps at lr / (1 + D_k)^p (PipeMare's rescaling by
-        the delay; 1 before the delay warm-up ends and for the stages with no delay)."""
-        if not self.lr_power or t < self.warm or not self.D[k]:
-            return 1.0
-        return (1.0 + self.D[k]) ** -self.lr_power
-
-    def _update(self, t, lr, losses):
-        G, tc = self.model.grad_flat, self.tc
-        norms, skipped = [], False
-        for k in range(self.K):
-            plo, phi = self.ranges[k]
-            slot = self.rgc.slot(0, k)
-            sq = stage_sumsq(G, plo, phi, slot)
-            ro = self.readout is not None and k < self.K - 1
-            if ro:
-                sq += self.readout.sumsq(k)
-            if self.predict and k < self.K - 1:
-                self._rings[f"prev{k}"][...] = self.model.flat[plo:phi]
-            if self.check_finite(t, sq, losses[k], f"stage {k}"):
-                scale, norm = clip_scale(sq, tc.grad_clip)
-                self.opts[k].step(lr * self._lr_factor(k, t), scale)
-                if ro:
-                    self.ro_opts[k].step(lr, scale)
-                if scale != 1.0:
-                    slot *= scale
-            else:
-                skipped, norm = True, float("nan")
-                slot[...] = 0.0
-            norms.append(norm)
-        mean = self.rgc.close(0)
+            self._zero_grad(k, t)
+            h = x
+            if k:
+                h = ws.resid[0]
+                h[...] = self._next_input
+            losses.append(self._forward_own(k, t, h, y, ws, pdec, lr))
+        norms, skipped = [0.0] * K, False
+        for k in range(K - 1, -1, -1):
+            self._late(k, t, ws)
+            norms[k], skip = self._stage_update(k, t, lr, losses[k])
+            skipped = skipped or skip
+        mean = self.rgc.close(t)
         S = self.S
         new = self.versions[(t + 1) % (S + 2)]
         new[...] = self.versions[t % (S + 2)]
@@ -367,4 +94,3 @@ class PipeSync(StagesInTurn, SchemeBase):
         self.model.flat[self.dec_lo:self.dec_hi] = new  # evaluation reads the newest decoder
         self.done.append(StepResult(t, losses[-1], losses, float(np.nanmax(norms)) if not skipped
                                     else float("nan"), skipped))
-

@@ -29,17 +29,22 @@ class Readout:
         self.ranges = [lay.block_range(k * n_blocks, (k + 1) * n_blocks) for k in range(n_stages - 1)]
         self.M = np.zeros(lay.size, model.dtype)
         self.V = np.zeros(lay.size, model.dtype)
-        self._ws = None
+        self._ws = {}
+        # which workspace stage k uses: one serves stages that run in turn; a threaded scheme
+        # sets this to its stage -> worker map, so stages on different workers never share one
+        self.ws_key = lambda k: 0
 
     def optimizers(self, tc):
         m = self.model
         return [AdamW(m.flat, m.grad_flat, self.M, self.V, m.decay_mask, lo, hi, tc.beta1, tc.beta2,
                       tc.eps, tc.weight_decay) for lo, hi in self.ranges]
 
-    def workspace(self, B, T):
-        if self._ws is None or (self._ws.B, self._ws.T) != (B, T):
-            self._ws = self.model.workspace(B, T, 0, self.N, decoder=False)
-        return self._ws
+    def workspace(self, k, B, T):
+        key = self.ws_key(k)
+        ws = self._ws.get(key)
+        if ws is None or (ws.B, ws.T) != (B, T):
+            ws = self._ws[key] = self.model.workspace(B, T, 0, self.N, decoder=False)
+        return ws
 
     def zero_grad(self, k):
         lo, hi = self.ranges[k]
@@ -48,11 +53,12 @@ class Readout:
     def forward(self, k, h, B, T):
         """Stage k's readout blocks on its output ``h`` (micro-batch B x T); returns what the
         decoder reads."""
-        return self.model.forward_blocks(h, k * self.N, (k + 1) * self.N, self.workspace(B, T))
+        return self.model.forward_blocks(h, k * self.N, (k + 1) * self.N, self.workspace(k, B, T))
 
     def backward(self, k, dh):
         """dL/d(stage output) from dL/d(readout output); the blocks' gradients accumulate."""
-        return self.model.backward_blocks(dh, k * self.N, (k + 1) * self.N, self._ws)
+        return self.model.backward_blocks(dh, k * self.N, (k + 1) * self.N,
+                                          self._ws[self.ws_key(k)])
 
     def sumsq(self, k):
         lo, hi = self.ranges[k]

@@ -118,13 +118,17 @@ class RGCAsync(StageRuntime, SchemeBase):
         b["norms"] = np.zeros((S + 1, K))
         b["skipped"] = np.zeros((S + 1, K), np.bool_)
         b["versions"] = self.versions
-        b["rgc"] = RGCBuffer(K, dec, m.dtype, n_rounds=S + 1, weights=consensus_weights(self.tc))
+        b["rgc"] = RGCBuffer(K, dec, m.dtype, n_rounds=S + 1, weights=self._round_weights())
         b["shape"] = (B, T)
         self._buffers = b
         self.log(f"rgc-async buffers: {self.buffer_bytes() / 2**20:.1f} MiB (ring "
                  f"{b['ring'].nbytes / 2**20:.1f} MiB, decoder versions "
                  f"{b['versions'].nbytes / 2**20:.2f} MiB, RGC slots {b['rgc'].nbytes() / 2**20:.2f} MiB, "
                  f"{self.W} worker workspace(s) {sum(w.nbytes() for w in b['ws']) / 2**20:.1f} MiB)")
+
+    def _round_weights(self):
+        """The consensus weights of the decoder's gradients (None: uniform)."""
+        return consensus_weights(self.tc)
 
     def eval_workspace(self, B, T):
         """Worker 0's workspace: only valid while the pipeline is paused (drained)."""
@@ -223,31 +227,7 @@ class RGCAsync(StageRuntime, SchemeBase):
         slot_t = t % (S + 2)
         # 1. input: a micro-batch (stage 0) or the previous stage's activations for step t
         if k == self.local_stages[0]:
-            t0 = time.perf_counter()
-            w = self.worker_of(k)
-            with self.cond:
-                self._where[w] = "input"
-                if self.freezing:
-                    self.cond.notify_all()
-            try:
-                while True:
-                    if self.stop:
-                        raise _Stopped
-                    try:
-                        item = self._inq.get(timeout=_WAIT)
-                    except queue.Empty:
-                        continue
-                    if item is None:  # the shutdown's wake-up
-                        raise _Stopped
-                    step, x, y, lr = item
-                    break
-                self._park(w)  # a freeze may have lent the workspace out while this waited
-            finally:
-                self.stage_wait_s[k] += time.perf_counter() - t0
-            assert step == t
-            b["tokens"][slot_t] = x
-            b["targets"][slot_t] = y
-            b["lr"][slot_t] = lr
+            self._take_input(k, t)
         h = m.embed(b["tokens"][slot_t], ws) if k == 0 else self._receive(k, t, ws)
         if self.fault_hook is not None:
             self.fault_hook(k, t)
@@ -288,6 +268,37 @@ class RGCAsync(StageRuntime, SchemeBase):
         # 5. post; the last poster closes the round
         if fetch_add(rgc.counters, r, 1) == len(self.local_stages) - 1:
             self._close_round(t, lr, k)
+
+    def _take_input(self, k, t):
+        """The first local stage takes micro-batch t from ``submit`` into the rings of tokens, targets
+        and learning rates."""
+        b = self._buffers
+        slot_t = t % (self.S + 2)
+        t0 = time.perf_counter()
+        w = self.worker_of(k)
+        with self.cond:
+            self._where[w] = "input"
+            if self.freezing:
+                self.cond.notify_all()
+        try:
+            while True:
+                if self.stop:
+                    raise _Stopped
+                try:
+                    item = self._inq.get(timeout=_WAIT)
+                except queue.Empty:
+                    continue
+                if item is None:  # the shutdown's wake-up
+                    raise _Stopped
+                step, x, y, lr = item
+                break
+            self._park(w)  # a freeze may have lent the workspace out while this waited
+        finally:
+            self.stage_wait_s[k] += time.perf_counter() - t0
+        assert step == t
+        b["tokens"][slot_t] = x
+        b["targets"][slot_t] = y
+        b["lr"][slot_t] = lr
 
     @staticmethod
     def input_buffer(ws):
@@ -368,6 +379,9 @@ class RGCAsync(StageRuntime, SchemeBase):
                                       f"has {self.S} (resume with the same --max-staleness)")
             self.versions[...] = arrays["decoder_versions"]
             self.versions_at = int(meta["step"])
+        self._keep_groups(meta)
+
+    def _keep_groups(self, meta):
         # Group sizes change reduction splits (last-bit differences): a resumed `auto` run reuses
         # the groups its autotune chose instead of timing again.
         if (parse_stage_threads(self.tc.stage_threads, self.K) is None and meta.get("stage_groups")

@@ -1,8 +1,13 @@
 """The runtime every asynchronous stage pipeline shares: worker threads with their own thread groups,
 waiting on earlier steps, freezing for an evaluation, failure and shutdown. A scheme built on it
-(:class:`~nbrgc.schemes.rgc_async.RGCAsync`) supplies the rule: ``_stage_step(k, t)``, what stage k
-does at step t and which step's input, decoder version and round it reads, plus its buffers
-(``_buffers["ws"]``, one workspace per worker) and its state.
+(:class:`~nbrgc.schemes.rgc_async.RGCAsync`, :class:`~nbrgc.schemes.pipe_async.PipeAsync`) supplies
+the rule: ``phases``, the actions of a step, each ``(method name, +1 or -1)``: a worker runs each
+action for its stages in ascending (+1) or descending (-1) stage order, all stages' first action
+before any second one. RGC has one, ``_stage_step(k, t)``: what stage k does at step t and which
+step's input, decoder version and round it reads. Every wait of an action must be on an action
+that comes earlier in the order (step, action, stage in that action's order): then the earliest
+unfinished action can always go on, and any number of workers runs without deadlock. The scheme
+also supplies its buffers (``_buffers["ws"]``, one workspace per worker) and its state.
 
 Its attributes, set by the scheme's constructor and ``_start``: ``local_stages`` (the stages this
 process runs), ``W`` workers (stage k on worker ``worker_of(k)``), ``groups`` (threads per stage),
@@ -27,6 +32,8 @@ class _Stopped(Exception):
 
 class StageRuntime:
     """Mixin of the worker-thread runtime (see the module docstring)."""
+
+    phases = (("_stage_step", 1),)
 
     def worker_stages(self, w):
         return self.local_stages[w::self.W]
@@ -183,14 +190,17 @@ class StageRuntime:
             mine = self.worker_stages(w)
             set_threads(self.groups[mine[0]])
             t = self.started_at
+            phases = [(getattr(self, name), mine if order > 0 else mine[::-1])
+                      for name, order in self.phases]
             while True:
-                for k in mine:
-                    self._park(w)
-                    t0 = time.perf_counter()
-                    try:
-                        self._stage_step(k, t)
-                    finally:
-                        self.stage_step_s[k] += time.perf_counter() - t0
+                for action, stages in phases:
+                    for k in stages:
+                        self._park(w)
+                        t0 = time.perf_counter()
+                        try:
+                            action(k, t)
+                        finally:
+                            self.stage_step_s[k] += time.perf_counter() - t0
                 t += 1
         except _Stopped:
             return

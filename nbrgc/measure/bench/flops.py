@@ -20,17 +20,17 @@ def flops_per_token(mcfg, seq):
 
 def executed_flops_per_token(mcfg, seq, mode, n_stages=1, tc=None):
     """FLOPs per token a mode actually executes: RGC runs the decoder (final LN + head) once per
-    stage, i.e. ``n_stages - 1`` more times than BP. pipe-sync (``tc`` gives its objective; by
-    default pipelined backprop) reads every earlier stage's loss (forward only when its weight is 0),
+    stage, i.e. ``n_stages - 1`` more times than BP. pipe-sync and pipe-async (``tc`` gives
+    their objective; by default pipelined backprop) reads every earlier stage's loss (forward only when its weight is 0),
     and with a horizon recomputes the forward of every stage but the last for the late backward
     (features replay), whose backward is extra where the stage also backpropagated its own loss.
     Readout blocks are left out (a few blocks' worth)."""
     base = flops_per_token(mcfg, seq)
-    if n_stages <= 1 or mode not in ("rgc-sync", "rgc-async", "pipe-sync"):
+    if n_stages <= 1 or mode not in ("rgc-sync", "rgc-async", "pipe-sync", "pipe-async"):
         return base
     d, V = mcfg.d_model, mcfg.vocab
     dec = d * V + V + 2 * d
-    if mode == "rgc-sync" and (tc is None or tc.is_plain_rgc()) or mode == "rgc-async":
+    if mode in ("rgc-sync", "rgc-async") and (tc is None or tc.is_plain_rgc()):
         return base + 6 * dec * (n_stages - 1)
     lam = 0.0 if tc is None else tc.aux_weight
     horizon = "all" if tc is None else tc.horizon

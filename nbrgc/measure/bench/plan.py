@@ -87,12 +87,12 @@ def parse_attention(text):
 
 def plan_variants(modes, stage_groups, stage_workers=(0,), attention=("store",)):
     """[(label, mode, stage_threads, stage_workers, attention)]: every nbrgc mode once per attention
-    choice, rgc-async also once per stage-group spec and worker count (0: auto)."""
+    choice, rgc-async and pipe-async also once per stage-group spec and worker count (0: auto)."""
     out = []
     for m in modes:
         for a in (attention if m != "torch" else ["store"]):
             extra = [] if a == "store" else [f"{a} attention"]
-            if m == "rgc-async":
+            if m in ("rgc-async", "pipe-async"):
                 for g in stage_groups:
                     for w in stage_workers:
                         tags = ([] if g == "auto" else [g]) + ([f"{w} workers"] if w else []) + extra

@@ -1,0 +1,138 @@
+"""Asynchronous pipelined training: the rule of :mod:`nbrgc.schemes.pipe_rule` (pipelined backprop by
+default, any horizon, auxiliary weight, delay and replay of pipe-sync) with every stage on a worker
+thread of :mod:`nbrgc.schemes.runtime`, as rgc-async runs RGC. ``--mode pipe-async``; also what
+``--mode rgc-async`` runs when its objective is not RGC's own (a horizon, an auxiliary weight other
+than 1, readout blocks).
+
+A step is two actions per stage:
+
+* ``_stage_forward`` (stages in ascending order): take the input (a micro-batch for stage 0, stage
+  k-1's output from the activation ring otherwise), wait for the decoder version max(0, t - S), run
+  the forward, hand the output on, and the own loss's backward (the rule's step 1);
+* ``_stage_late`` (stages in descending order): the late gradient and the message down (steps 2-3),
+  the stage's update (step 4) and its post to the decoder's consensus round, closed by the last
+  poster as in rgc-async.
+
+Each value is read in the same order as :class:`~nbrgc.schemes.pipe_sync.PipeSync` reads it, so the
+losses and weights are the same bits whatever the timing and the number of workers. The waits that
+make it so, each on an action that comes earlier in (step, action, stage) order:
+
+* the message for stage k's boundary of micro-batch s is read once stage k+1 has finished the action
+  that writes it (its forward of s for the last stage and for a horizon of one stage, else its late
+  action at step s + D_{k+1});
+* a message ring slot (``--boundary-delay d``: d + 1 of them) is written once stage k has finished
+  the late action that read the slot's previous message, d + 1 micro-batches earlier;
+* activations, the decoder versions and the rounds as in rgc-async.
+
+Evaluations and checkpoints pause the pipeline at a step boundary (``drain``); its state there (the
+decoder versions, the rule's rings) is pipe-sync's, written the same way.
+"""
+from ..kernels.atomics import fetch_add
+from .common import SchemeBase
+from .pipe_rule import PipeRule
+from .rgc_async import RGCAsync
+
+
+class PipeAsync(PipeRule, RGCAsync):
+    phases = (("_stage_forward", 1), ("_stage_late", -1))
+
+    def __init__(self, model, tc, fault_hook=None, log=None, **_):
+        RGCAsync.__init__(self, model, tc, fault_hook=fault_hook, log=log)
+        self._init_rule()
+        if self.readout is not None:
+            self.readout.ws_key = self.worker_of  # stages on different workers: their own buffers
+        self.rgc = None
+        # per stage: the steps whose forward / late action has finished (under self.cond)
+        self.done_fwd = [0] * self.K
+        self.done_late = [0] * self.K
+
+    def _round_weights(self):
+        return self.cw
+
+    def _alloc(self, B, T):
+        RGCAsync._alloc(self, B, T)
+        self.rgc = self._buffers["rgc"]
+
+    def can_snapshot(self):
+        return False  # evaluations and checkpoints drain the pipeline
+
+    def _start(self, step0, B, T):
+        if self._rings is None or self._shape != (B, T):
+            self._alloc_rings(B, T)
+        self.done_fwd = [step0] * self.K
+        self.done_late = [step0] * self.K
+        RGCAsync._start(self, step0, B, T)
+
+    # ------------------------------------------------------------------ the two actions
+    def _stage_forward(self, k, t):
+        b, S = self._buffers, self.S
+        ws = b["ws"][self.worker_of(k)]
+        slot_t = t % (S + 2)
+        if k == self.local_stages[0]:
+            self._take_input(k, t)
+        h = b["tokens"][slot_t] if k == 0 else self._receive(k, t, ws)
+        if self.fault_hook is not None:
+            self.fault_hook(k, t)
+        v = max(0, t - S)
+        self._wait(lambda: self.version >= v, k)
+        pdec = b["versions"][v % (S + 2)]
+        self._zero_grad(k, t)
+        loss = self._forward_own(k, t, h, b["targets"][slot_t], ws, pdec, float(b["lr"][slot_t]))
+        b["losses"][t % (S + 1), k] = loss
+        self._finished(self.done_fwd, k, t)
+
+    def _stage_late(self, k, t):
+        b, S = self._buffers, self.S
+        lr = float(b["lr"][t % (S + 2)])
+        r = t % (S + 1)
+        self._late(k, t, b["ws"][self.worker_of(k)])
+        self._finished(self.done_late, k, t)
+        norm, skipped = self._stage_update(k, t, lr, float(b["losses"][r, k]))
+        b["norms"][r, k] = norm
+        b["skipped"][r, k] = skipped
+        if fetch_add(self.rgc.counters, r, 1) == len(self.local_stages) - 1:
+            self._close_round(t, lr, k)
+
+    def _finished(self, done, k, t):
+        with self.cond:
+            done[k] = t + 1
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------------ message waits
+    def _read_at(self, k, s):
+        """The step whose late action of stage k reads the message for micro-batch s."""
+        return s if s < self.warm else s + self.D[k]
+
+    def _message_ready(self, k, s):
+        j = k + 1  # the writer
+        if self.hops == 1 or j == self.K - 1:  # written by its forward action of s
+            done, u = self.done_fwd, s
+        else:  # written by its late action
+            done, u = self.done_late, (s if s < self.warm else s + self.D[j])
+        self._wait(lambda: done[j] > u, k, holds_ws=True)
+
+    def _message_free(self, k, s):
+        prev = s - (self.d + 1)  # the slot's previous message
+        if prev < 0:
+            return
+        u = self._read_at(k, prev)
+        done = self.done_late
+        self._wait(lambda: done[k] > u, k + 1, holds_ws=True)
+
+    # ------------------------------------------------------------------ state
+    def state(self):
+        arrays, meta = SchemeBase.state(self)
+        if self.versions_at is None:  # no step yet: every version is the model's decoder
+            self.versions[:] = self.model.flat[self.dec_lo:self.dec_hi]
+        arrays["decoder_versions"] = self.versions
+        self._rule_state(arrays, meta)
+        meta.update(stage_groups=self.groups, stage_workers=self.W)
+        return arrays, meta
+
+    def load_state(self, arrays, meta):
+        SchemeBase.load_state(self, arrays, meta)
+        self._load_rule(arrays, meta)
+        self.versions[...] = arrays["decoder_versions"]
+        self.versions_at = int(meta["step"])
+        self._keep_groups(meta)
+
