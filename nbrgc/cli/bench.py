@@ -1,4 +1,4 @@
-"""nbrgc-bench: tokens/s, ms/step, peak RSS and GFLOP/s of bp, rgc-sync, rgc-async (and the PyTorch
+"""nbrgc-bench: tokens/s, ms/step, peak RSS and GFLOP/s of the training modes (and the PyTorch
 peer) on one config, each run in its own fresh process, rounds interleaved, same thread budget.
 
 Example: nbrgc-bench --config small --modes bp,rgc-sync,rgc-async,torch --threads 2 --repeats 3 \\
@@ -17,7 +17,9 @@ def build_parser():
     for name in ("n-layer", "d-model", "n-head", "ctx"):
         p.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
     p.add_argument("--modes", default="bp,rgc-sync,rgc-async",
-                   help="comma list of bp, rgc-sync, rgc-async, torch (default bp,rgc-sync,rgc-async)")
+                   help="comma list of modes (bp, rgc-sync, rgc-async, pipe-sync, pipe-async), study "
+                        "arms (nbrgc-study --help: e.g. rgc-h1, pipe-muon) and torch (default "
+                        "bp,rgc-sync,rgc-async)")
     p.add_argument("--threads", default="2", help="thread budget, or a sweep: 1,2,4 (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
