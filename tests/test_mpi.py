@@ -64,6 +64,43 @@ def test_rgc_stages_on_ranks_equal_one_process_bitwise(ranks):
         assert a["loss"] == b["loss"]
 
 
+@pytest.mark.parametrize("ranks,extra", [
+    (2, []),
+    (4, ["--boundary-delay", "2", "--max-staleness", "2", "--aux-weight", "0.5"]),
+    (2, ["--mode", "rgc-async", "--horizon", "stage", "--readout-blocks", "1"]),
+], ids=["pipelined-bp-2", "delay-2-aux-4", "rgc-horizon-readout-2"])
+def test_pipeline_stages_on_ranks_equal_one_process_bitwise(ranks, extra):
+    """pipe-async's boundary gradients travel between ranks as messages: the same bits as one
+    process (which are pipe-sync's, tests/test_pipe_async.py)."""
+    common = ["--mode", "pipe-async", "--n-stages", "4", "--stage-threads", "1,1,1,1", "--steps", "8"]
+    common += extra
+    one = losses(run(common + ["--threads", "4"]))
+    many = losses(run(common + ["--distributed", "mpi", "--threads", str(4 // ranks)], ranks=ranks))
+    assert len(many) == len(one) == 8
+    for a, b in zip(many, one):
+        assert a["stage_bpb"] == b["stage_bpb"]
+        assert a["loss"] == b["loss"]
+
+
+def test_pipeline_resume_under_the_same_ranks_continues_exactly(tmp_path):
+    """A checkpoint holds the messages in flight between the ranks (from the rank that wrote them);
+    a resume posts receives only for the messages written after it."""
+    common = ["--mode", "pipe-async", "--n-stages", "2", "--stage-threads", "1,1", "--steps", "7",
+              "--boundary-delay", "2", "--horizon", "all", "--aux-weight", "1", "--distributed", "mpi",
+              "--threads", "1"]
+    whole = losses(run(common, ranks=2))
+    out = tmp_path / "run"
+    cut = run(common + ["--out", out, "--ckpt-every", "3", "--eval-every", "3"], ranks=2,
+              env=_env(NBRGC_FAULT="raise:0:4"), timeout=120)
+    assert cut.returncode != 0
+    rest = losses(run(common + ["--out", out, "--ckpt-every", "3", "--eval-every", "3", "--resume"],
+                      ranks=2))
+    assert [r["step"] for r in rest] == [4, 5, 6, 7]
+    assert [r["loss"] for r in rest] == [r["loss"] for r in whole[3:]]
+    one = losses(run([a for a in common if a not in ("--distributed", "mpi")]))
+    assert [r["loss"] for r in one] == [r["loss"] for r in whole]
+
+
 def test_a_failing_rank_ends_the_job_with_one_line():
     p = run(["--mode", "rgc-async", "--n-stages", "2", "--steps", "8", "--distributed", "mpi",
              "--threads", "1"], ranks=2, env=_env(NBRGC_FAULT="raise:1:3"), timeout=120)

@@ -104,9 +104,7 @@ def test_memory_estimate_counts_a_workspace_per_worker():
 
 def test_refusals_are_one_line():
     from nbrgc.distributed.launch import check_fit
-    with pytest.raises(ConfigError, match="pipe-async runs in one process"):
-        check_fit("pipe-async", 2, 4, 8)
-    with pytest.raises(ConfigError, match="RGC's own objective"):
-        check_fit("rgc-async", 2, 4, 8, plain_rgc=False)
+    with pytest.raises(ConfigError, match="use pipe-async"):
+        check_fit("pipe-sync", 2, 4, 8)
     with pytest.raises(ConfigError, match="stage_workers"):
         TrainConfig(mode="pipe-async", n_stages=2, stage_workers=3).validate_for(TINY4)

@@ -50,18 +50,15 @@ def ranks_on_this_host(comm):
         local.Free()
 
 
-def check_fit(mode, n_ranks, n_stages, batch, plain_rgc=True):
-    """One-line refusal of a rank count (or a mode, or an objective) the run cannot use."""
-    if mode == "rgc-async" and not plain_rgc:
-        raise ConfigError("--distributed mpi runs rgc-async with RGC's own objective; with --horizon, "
-                          "--aux-weight or --readout-blocks it runs in one process")
-    if mode in ("pipe-sync", "pipe-async"):
-        raise ConfigError("--distributed mpi runs bp (data parallel) or rgc-async (stages on ranks); "
-                          f"{mode} runs in one process (its boundary gradients do not travel "
-                          "between ranks yet)")
+def check_fit(mode, n_ranks, n_stages, batch):
+    """One-line refusal of a rank count (or a mode) the run cannot use."""
+    if mode == "pipe-sync":
+        raise ConfigError("--distributed mpi runs bp (data parallel), rgc-async or pipe-async (stages "
+                          "on ranks); pipe-sync is their one-thread reference: use pipe-async, which "
+                          "computes the same")
     if mode == "rgc-sync":
-        raise ConfigError("--distributed mpi runs bp (data parallel) or rgc-async (stages on ranks); "
-                          "rgc-async with --max-staleness 0 computes what rgc-sync computes")
+        raise ConfigError("--distributed mpi runs bp (data parallel), rgc-async or pipe-async (stages "
+                          "on ranks); rgc-async with --max-staleness 0 computes what rgc-sync computes")
     if mode == "bp":
         if batch < n_ranks:
             raise ConfigError(f"--distributed mpi with bp: {n_ranks} ranks need a batch of at least "

@@ -63,6 +63,10 @@ class DistributedTrainer(Trainer):
         if self.tc.mode == "bp":
             from .dp import DataParallelBP
             self.scheme = DataParallelBP(model, self.tc, link=self.link)
+        elif self.tc.mode == "pipe-async" or not self.tc.is_plain_rgc():
+            from .pipe import PipeAsyncMPI
+            self.scheme = PipeAsyncMPI(model, self.tc, link=self.link, fault_hook=self.fault_hook,
+                                       log=self.info)
         else:
             from .pipeline import RGCAsyncMPI
             self.scheme = RGCAsyncMPI(model, self.tc, link=self.link, fault_hook=self.fault_hook,
@@ -154,7 +158,7 @@ def run_ranks(mcfg, tc, a, fault_hook):
     trainer = None
     try:
         try:
-            check_fit(tc.mode, link.size, tc.n_stages, tc.batch, tc.is_plain_rgc())
+            check_fit(tc.mode, link.size, tc.n_stages, tc.batch)
         except NbrgcError as exc:
             raise AgreedError(str(exc)) from None
         if not tc.threads:  # the cores of this machine, shared by the ranks on it

@@ -36,8 +36,8 @@ from .rgc_async import RGCAsync
 class PipeAsync(PipeRule, RGCAsync):
     phases = (("_stage_forward", 1), ("_stage_late", -1))
 
-    def __init__(self, model, tc, fault_hook=None, log=None, **_):
-        RGCAsync.__init__(self, model, tc, fault_hook=fault_hook, log=log)
+    def __init__(self, model, tc, **kw):
+        super().__init__(model, tc, **kw)  # RGCAsync's (or the MPI runtime's, nbrgc.distributed)
         self._init_rule()
         if self.readout is not None:
             self.readout.ws_key = self.worker_of  # stages on different workers: their own buffers
@@ -50,7 +50,7 @@ class PipeAsync(PipeRule, RGCAsync):
         return self.cw
 
     def _alloc(self, B, T):
-        RGCAsync._alloc(self, B, T)
+        super()._alloc(B, T)
         self.rgc = self._buffers["rgc"]
 
     def can_snapshot(self):
@@ -61,7 +61,7 @@ class PipeAsync(PipeRule, RGCAsync):
             self._alloc_rings(B, T)
         self.done_fwd = [step0] * self.K
         self.done_late = [step0] * self.K
-        RGCAsync._start(self, step0, B, T)
+        super()._start(step0, B, T)
 
     # ------------------------------------------------------------------ the two actions
     def _stage_forward(self, k, t):

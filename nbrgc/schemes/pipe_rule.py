@@ -31,8 +31,10 @@ value is read after it is written, which is what lets a threaded schedule wait o
 The rings of kept inputs, own gradients and messages are written into every checkpoint.
 
 A schedule supplies the hand-offs: ``_hand_on(k, t, out)`` (stage k's output for step t goes to
-stage k+1) and the waits ``_message_ready`` (before a message is read) and ``_message_free`` (before
-its ring slot is written again): no-ops when the stages run in turn.
+stage k+1) and the message hooks: ``_message_ready`` (wait before a message is read),
+``_message_read`` (after), ``_message_free`` (wait before its ring slot is written again) and
+``_message_sent`` (after): no-ops when the stages run in turn; waits between threads; sends and
+receives between MPI ranks.
 """
 import numpy as np
 
@@ -181,8 +183,14 @@ class PipeRule:
     def _message_ready(self, k, s):
         """Wait until the message for stage k's boundary of micro-batch s is written."""
 
+    def _message_read(self, k, s):
+        """Stage k is done with the message of micro-batch s."""
+
     def _message_free(self, k, s):
         """Wait until the slot of the message for stage k of micro-batch s may be written."""
+
+    def _message_sent(self, k, s):
+        """The message for stage k of micro-batch s is written into its slot."""
 
     # ------------------------------------------------------------------ 1. forward and own loss
     def _zero_grad(self, k, t):
@@ -264,6 +272,7 @@ class PipeRule:
         elif self.hops == 1 or (self.hops == "all" and k == self.K - 1):
             self._message_free(k - 1, t)
             r[f"message{k - 1}"][t % (self.d + 1)] = dx
+            self._message_sent(k - 1, t)
         elif self.hops == "all":
             r[f"own{k}"][t % (self.D[k] + 1)] = dx
         return float(loss)
@@ -300,6 +309,7 @@ class PipeRule:
         m.forward_blocks(h, lo, hi, ws)
         self._message_ready(k, s)
         dx = m.backward_blocks(r[f"message{k}"][s % (self.d + 1)], lo, hi, ws)
+        self._message_read(k, s)
         if k == 0:
             m.embed_backward(ws, dx)
         elif self.hops == "all":
@@ -309,6 +319,7 @@ class PipeRule:
                 np.add(dx, r[f"own{k}"][s % (self.D[k] + 1)], out=down)
             else:
                 down[...] = dx
+            self._message_sent(k - 1, s)
         if self.stash:
             m.flat[plo:phi] = current
 
