@@ -18,7 +18,8 @@ def build_parser():
         p.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
     p.add_argument("--modes", default="bp,rgc-sync,rgc-async",
                    help="comma list of modes (bp, rgc-sync, rgc-async, pipe-sync, pipe-async), study "
-                        "arms (nbrgc-study --help: e.g. rgc-h1, pipe-muon) and torch (default "
+                        "arms (nbrgc-study --help: e.g. rgc-h1, pipe-muon; a pipe-sync arm with :async, e.g. "
+                        "rgc-h1:async, runs on the stage worker threads) and torch (default "
                         "bp,rgc-sync,rgc-async)")
     p.add_argument("--threads", default="2", help="thread budget, or a sweep: 1,2,4 (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")

@@ -19,13 +19,20 @@ def parse_int_list(text, what):
 
 def arm_overrides(name):
     """The TrainConfig fields of a study arm benched by name (``pipe``, ``rgc-h1``, ...: the arms of
-    nbrgc.measure.study.arms that are no mode of their own), or None for a mode."""
+    nbrgc.measure.study.arms that are no mode of their own), or None for a mode. ``ARM:async`` is a
+    pipe-sync arm on the stage worker threads (pipe-async: the same numerics, timed threaded)."""
     if name in ALL_MODES:
         return None
     from ..study.arms import ARMS
-    if name not in ARMS or "depth" in ARMS[name]:
+    base, _, how = name.partition(":")
+    if base not in ARMS or "depth" in ARMS[base] or how not in ("", "async"):
         return None
-    return {k: v for k, v in ARMS[name].items() if k != "delay_warmup_frac"}
+    out = {k: v for k, v in ARMS[base].items() if k != "delay_warmup_frac"}
+    if how:
+        if out.get("mode") != "pipe-sync":
+            return None
+        out["mode"] = "pipe-async"
+    return out
 
 
 def parse_modes(text):

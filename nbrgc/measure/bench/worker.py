@@ -88,7 +88,7 @@ def _train_worker(spec):
         done_at += [wall] * n
     finally:
         close()
-    if mode in ("rgc-async", "pipe-async"):  # resolved (autotuned for "auto") when the workers first started
+    if tc.threaded:  # resolved (autotuned for "auto") when the workers first started
         groups = getattr(sc, "groups", None)
         out["stage_threads"] = list(groups) if groups is not None else None
         out["stage_workers"] = sc.W
