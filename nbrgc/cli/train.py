@@ -142,8 +142,8 @@ def build_parser():
     g.add_argument("--threads", type=int, default=D["threads"], help="total thread budget; 0: all cores")
     g.add_argument("--seed", type=int, default=D["seed"], help="initial weights and batch order")
     g.add_argument("--distributed", choices=("none", "mpi"), default="none",
-                   help="mpi: run as the ranks of an mpiexec job (bp: data parallel; rgc-async: the "
-                        "stages on ranks); --threads is then each rank's budget (default: the "
+                   help="mpi: run as the ranks of an mpiexec job (bp: data parallel; rgc-async, "
+                        "pipe-async: the stages on ranks); --threads is then each rank's budget (default: the "
                         "machine's cores / the ranks on it)")
     g.add_argument("--max-memory", type=finite_number, default=None,
                    help="allowed peak memory in MiB (default: what is available)")
