@@ -13,6 +13,8 @@ from nbrgc.errors import ConfigError
 from nbrgc.model import Model
 from nbrgc.schemes import make_scheme
 
+from conftest import numba_threads
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "schemes.md"
 
 
@@ -43,6 +45,37 @@ def test_the_documented_rule_trains_and_is_what_it_says(capsys):
     (res,) = sc.poll()
     assert res.stage_losses[0] == pytest.approx(float(ahead), rel=1e-6)
     assert res.stage_losses[1] == pytest.approx(ref.loss(x, y), rel=1e-6)
+
+
+def test_the_documented_rule_runs_threaded_with_the_same_bits():
+    """The same mixin on PipeAsync (registered like pipe-async): the stages on worker threads give
+    the losses of the stages in turn."""
+    env = {}
+    exec(compile(example_code().split("summary = nbrgc.train(")[0].replace(
+        '"predict-further"', '"predict-further-2"').replace(
+        '"predict-further-threaded"', '"predict-further-threaded-2"'), str(DOC), "exec"), env)
+    cfg = preset("tiny", n_layer=4)
+    text = np.frombuffer(b"the quick brown fox jumps over the lazy dog. " * 40, np.uint8).copy()
+    out = {}
+    for mode in ("predict-further-2", "predict-further-threaded-2"):
+        tc = TrainConfig(mode=mode, n_stages=4, horizon="stage", aux_weight=1.0, max_staleness=1,
+                         steps=6, batch=2, stage_threads="1", stage_workers=2)
+        tc.validate_for(cfg)
+        sc = make_scheme(Model(cfg, seed=1), tc)
+        batches = Batches(text, 2, 16, seed=0)
+        res = []
+        try:
+            with numba_threads(1):  # the threaded stages' groups: one thread each
+                for t in range(6):
+                    x, y = batches.next()
+                    sc.submit(t, x, y, 1e-3)
+                    res += sc.poll()
+                res += sc.drain()
+        finally:
+            sc.close()
+        out[mode] = [r.stage_losses for r in res]
+    assert out["predict-further-2"] == out["predict-further-threaded-2"]
+    assert len(out["predict-further-2"]) == 6
 
 
 def test_register_scheme_refuses_bad_names():
