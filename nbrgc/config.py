@@ -148,7 +148,7 @@ class TrainConfig:
     threads: int = 0              # 0: all cores
     n_stages: int = 4
     stage_threads: str = "auto"   # "auto" or comma list, one per stage
-    stage_workers: int = 0        # rgc-async worker threads the stages share; 0: auto
+    stage_workers: int = 0        # rgc-async, pipe-async: worker threads the stages share; 0: auto
     max_staleness: int = 1
     on_nan: str = "stop"          # stop | skip
     attention: str = "store"      # store | recompute (the attention probabilities for the backward)
@@ -156,15 +156,15 @@ class TrainConfig:
     ckpt_every: int = 0           # 0: only at eval points and at the end
     consensus: str = "uniform"    # RGC decoder consensus: uniform | depth (stage k weighs k + 1) | last
     stage_init: str = "standard"  # RGC: standard | identity (stages after the first start as identity)
-    # the objective between RGC and BP (nbrgc.horizon), None: the mode's (pipe-sync: all and 0,
+    # the objective between RGC and BP (nbrgc.horizon), None: the mode's (pipe-sync/async: all and 0,
     # pipelined backprop; the others: 0 and 1, RGC)
     horizon: str = None           # blocks below a stage's input its loss reaches: an int or "all"
     aux_weight: float = None      # weight of the stages' own losses beside the last one's
-    boundary_delay: int = 1       # pipe-sync: steps a boundary gradient takes per hop
-    delay_warmup: int = 0         # pipe-sync: the first N steps run with no boundary delay
-    replay_weights: str = "current"  # pipe-sync: current | stashed | predicted | momentum (nbrgc.schemes.pipe_sync)
-    readout_blocks: int = 0       # rgc-sync, pipe-sync: private blocks before each stage's readout
-    delay_lr_power: float = 0.0   # pipe-sync: a delayed stage steps at lr / (1 + D_k)^p
+    boundary_delay: int = 1       # pipe-sync/async: steps a boundary gradient takes per hop
+    delay_warmup: int = 0         # pipe-sync/async: the first N steps run with no boundary delay
+    replay_weights: str = "current"  # pipe-sync/async: current | stashed | predicted | momentum (nbrgc.schemes.pipe_rule)
+    readout_blocks: int = 0       # staged modes: private blocks before each stage's readout
+    delay_lr_power: float = 0.0   # pipe-sync/async: a delayed stage steps at lr / (1 + D_k)^p
     grad_delay: int = 0           # bp: each gradient computed on the weights of N updates ago
 
     def __post_init__(self):
