@@ -25,6 +25,8 @@ MODES = {
     "bp": ["--mode", "bp"],
     "rgc-sync": ["--mode", "rgc-sync", "--n-stages", "2"],
     "rgc-async": ["--mode", "rgc-async", "--n-layer", "4", "--n-stages", "4", "--stage-threads", "1,1,1,1"],
+    "pipe-async": ["--mode", "pipe-async", "--n-layer", "4", "--n-stages", "4", "--stage-threads",
+                   "1,1,1,1"],
 }
 STOP_WITHIN_S = 60.0  # a hang guard, not a speed claim: signal -> exit, checkpoint and final evaluation
 # included, on a loaded machine; what is asserted is that the run stops at a step with its checkpoint
@@ -107,7 +109,7 @@ def test_signal_stops_checkpoints_and_exits_zero(tmp_path, mode, sig):
     assert 0 < n < 10**6
     assert f"received {name}: checkpoint written at step {n}" in stderr
     assert summary["checkpoint"] == ck.checkpoint_path(out, n)
-    n_stages = {"bp": 1, "rgc-sync": 2, "rgc-async": 4}[mode]
+    n_stages = {"bp": 1, "rgc-sync": 2, "rgc-async": 4, "pipe-async": 4}[mode]
     arrays, meta = ck.load(summary["checkpoint"], expect={"mode": mode, "n_stages": n_stages})
     assert meta["step"] == n and np.isfinite(arrays["params"]).all()
     logged = [r["step"] for r in recs if "loss" in r]
