@@ -41,12 +41,6 @@ class PipeAsyncMPI(PipeAsync, RGCAsyncMPI):
         return self.K + k  # activations use tags 0..K-1
 
     # ------------------------------------------------------------------ the schedule of messages
-    def _written_at(self, k, s):
-        """The step whose action of stage k+1 writes the message for boundary k of micro-batch s."""
-        if self.hops == 1 or k + 1 == self.K - 1 or s < self.warm:
-            return s
-        return s + self.D[k + 1]
-
     def _start(self, step0, B, T):
         """Post the first receives before the workers start (PipeAsync's _start then finds the rings)."""
         self._msend, self._mrecv = {}, {}
@@ -66,7 +60,7 @@ class PipeAsyncMPI(PipeAsync, RGCAsyncMPI):
             elif self._rank_of(k) == self.link.rank:
                 self._mrecv[k] = [None] * (d + 1)
                 first = next(s for s in range(max(0, step0 - self.D[0] - 1), step0 + 1)
-                             if self._written_at(k, s) >= step0)
+                             if self._written_at(k, s)[1] >= step0)
                 for s in range(first, first + d + 1):
                     prev = s - (d + 1)  # the slot's message before: read before step0?
                     if prev < 0 or self._read_at(k, prev) < step0:

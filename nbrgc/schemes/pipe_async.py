@@ -103,12 +103,17 @@ class PipeAsync(PipeRule, RGCAsync):
         """The step whose late action of stage k reads the message for micro-batch s."""
         return s if s < self.warm else s + self.D[k]
 
+    def _written_at(self, k, s):
+        """(action, step): which action of stage k+1, at which step, writes the message for boundary
+        k of micro-batch s: its forward of s (the last stage, or a horizon of one stage: the own
+        loss's part), else its late action D_{k+1} steps later (s itself during the delay warm-up)."""
+        if self.hops == 1 or k + 1 == self.K - 1:
+            return "forward", s
+        return "late", (s if s < self.warm else s + self.D[k + 1])
+
     def _message_ready(self, k, s):
-        j = k + 1  # the writer
-        if self.hops == 1 or j == self.K - 1:  # written by its forward action of s
-            done, u = self.done_fwd, s
-        else:  # written by its late action
-            done, u = self.done_late, (s if s < self.warm else s + self.D[j])
+        action, u = self._written_at(k, s)
+        done, j = (self.done_fwd if action == "forward" else self.done_late), k + 1
         self._wait(lambda: done[j] > u, k, holds_ws=True)
 
     def _message_free(self, k, s):
