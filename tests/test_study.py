@@ -386,6 +386,26 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path, monkeypatch):
     assert rep["arms"]["rgc-sync"]["sweep"]["val_bpb"] == ref["arms"]["rgc-sync"]["sweep"]["val_bpb"]
 
 
+def test_a_partial_invocation_reports_the_whole_folder(tmp_path):
+    """An invocation naming some arms and seeds (the confirmation seeds of one arm) rewrites
+    study.md: the report still covers every arm and seed the folder reported before, and its
+    command names them all (the phase left to its default), so running it continues the study."""
+    _study(tmp_path, seeds=[0], command="bin/nbrgc-study --config tiny --arms rgc-sync --seeds 1").run()
+    st = _study(tmp_path, arms=["bp"], seeds=[0, 1],
+                command="bin/nbrgc-study --config tiny --arms bp --seeds 2 --phase main")
+    rep = st.run()
+    assert list(rep["arms"]) == ["bp", "rgc-sync"] and rep["seeds"] == [0, 1]
+    assert rep["arms"]["rgc-sync"]["test_bpb"][0] is not None
+    assert rep["arms"]["rgc-sync"]["test_bpb"][1] is None and rep["arms"]["bp"]["test_bpb"][1] is not None
+    cmd = shlex.split(rep["command"])
+    assert cmd[cmd.index("--arms") + 1] == "rgc-sync" and cmd[cmd.index("--seeds") + 1] == "2"
+    assert "--phase" not in cmd and cmd[:3] == ["bin/nbrgc-study", "--config", "tiny"]
+    assert st.arms == ["bp"] and st.seeds == [0, 1]  # the invocation's own scope is unchanged
+    # another study in the same folder (another budget) is not merged
+    rep = _study(tmp_path, arms=["bp"], seeds=[0], steps=7).run()
+    assert list(rep["arms"]) == ["bp"]
+
+
 def test_study_end_to_end_with_two_jobs(tmp_path):
     out = tmp_path / "study"
     argv = [sys.executable, str(REPO / "bin" / "nbrgc-study"), "--config", "tiny", "--dataset",

@@ -218,6 +218,8 @@ class Study(StudyPlan):
 
     def write_report(self, computed=()):
         from . import report as rep_mod
-        rep = rep_mod.build(self, computed)
+        from .widen import report_scope
+        with report_scope(self):  # the folder's other arms and seeds stay in the report
+            rep = rep_mod.build(self, computed)
         rep_mod.write(rep, self.out, plot=self.plot)
         return rep
