@@ -108,3 +108,14 @@ def test_refusals_are_one_line():
         check_fit("pipe-sync", 2, 4, 8)
     with pytest.raises(ConfigError, match="stage_workers"):
         TrainConfig(mode="pipe-async", n_stages=2, stage_workers=3).validate_for(TINY4)
+
+
+def test_one_action_a_step_where_no_message_is_read_in_its_own_step():
+    """With a boundary delay of 1 or more a stage's forward and late part run as one action (the
+    settings above hold the bits either way); with none, or during the delay warm-up, two."""
+    model = Model(TINY4)
+    one = make_scheme(model, TrainConfig(mode="pipe-async", n_stages=4, delay_warmup=3))
+    assert one.phases_at(0) == one.phases_at(2) == PipeAsync.phases
+    assert one.phases_at(3) == one.phases_at(100) == PipeAsync.ONE_ACTION
+    none = make_scheme(model, TrainConfig(mode="pipe-async", n_stages=4, boundary_delay=0))
+    assert none.phases_at(100) == PipeAsync.phases

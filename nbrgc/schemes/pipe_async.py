@@ -13,6 +13,11 @@ A step is two actions per stage:
   the stage's update (step 4) and its post to the decoder's consensus round, closed by the last
   poster as in rgc-async.
 
+Where every message is read at least a step after it is written (``--boundary-delay`` of 1 or more,
+after the delay warm-up), no late action waits on anything of its own step, and a stage runs both
+as one action (``phases_at``): then, as in rgc-async, stage k+1's forward of step t overlaps stage
+k's late part instead of waiting behind the whole forward chain of step t.
+
 Each value is read in the same order as :class:`~nbrgc.schemes.pipe_sync.PipeSync` reads it, so the
 losses and weights are the same bits whatever the timing and the number of workers. The waits that
 make it so, each on an action that comes earlier in (step, action, stage) order:
@@ -35,6 +40,21 @@ from .rgc_async import RGCAsync
 
 class PipeAsync(PipeRule, RGCAsync):
     phases = (("_stage_forward", 1), ("_stage_late", -1))
+    ONE_ACTION = (("_stage_whole", 1),)
+
+    def phases_at(self, t):
+        """Two actions a step where a message is read in the step it is written (a boundary delay
+        of 0, or a step of the delay warm-up); otherwise every late action reads messages of earlier
+        steps only, so a stage runs its forward and its late part as one action, as rgc-async runs
+        its step: a worker then no longer waits for the next stage's forward of step t before its
+        own late part, and neighbouring stages overlap."""
+        if self.hops and (self.d == 0 or t < self.warm):
+            return self.phases
+        return self.ONE_ACTION
+
+    def _stage_whole(self, k, t):
+        self._stage_forward(k, t)
+        self._stage_late(k, t)
 
     def __init__(self, model, tc, **kw):
         super().__init__(model, tc, **kw)  # RGCAsync's (or the MPI runtime's, nbrgc.distributed)

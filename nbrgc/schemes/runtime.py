@@ -1,7 +1,7 @@
 """The runtime every asynchronous stage pipeline shares: worker threads with their own thread groups,
 waiting on earlier steps, freezing for an evaluation, failure and shutdown. A scheme built on it
 (:class:`~nbrgc.schemes.rgc_async.RGCAsync`, :class:`~nbrgc.schemes.pipe_async.PipeAsync`) supplies
-the rule: ``phases``, the actions of a step, each ``(method name, +1 or -1)``: a worker runs each
+the rule: ``phases_at(t)``, the actions of step t, each ``(method name, +1 or -1)``: a worker runs each
 action for its stages in ascending (+1) or descending (-1) stage order, all stages' first action
 before any second one. RGC has one, ``_stage_step(k, t)``: what stage k does at step t and which
 step's input, decoder version and round it reads. Every wait of an action must be on an action
@@ -34,6 +34,10 @@ class StageRuntime:
     """Mixin of the worker-thread runtime (see the module docstring)."""
 
     phases = (("_stage_step", 1),)
+
+    def phases_at(self, t):
+        """The actions of step t (the same for every step unless a rule says otherwise)."""
+        return self.phases
 
     def worker_stages(self, w):
         return self.local_stages[w::self.W]
@@ -190,10 +194,13 @@ class StageRuntime:
             mine = self.worker_stages(w)
             set_threads(self.groups[mine[0]])
             t = self.started_at
-            phases = [(getattr(self, name), mine if order > 0 else mine[::-1])
-                      for name, order in self.phases]
+            plans = {}  # the actions of a step, resolved once per distinct phase list
             while True:
-                for action, stages in phases:
+                spec = self.phases_at(t)
+                if spec not in plans:
+                    plans[spec] = [(getattr(self, name), mine if order > 0 else mine[::-1])
+                                   for name, order in spec]
+                for action, stages in plans[spec]:
                     for k in stages:
                         self._park(w)
                         t0 = time.perf_counter()
