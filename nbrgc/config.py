@@ -6,6 +6,7 @@ from .errors import ConfigError
 MODES = ("bp", "rgc-sync", "rgc-async", "pipe-sync", "pipe-async")
 THREADED = ("rgc-async", "pipe-async")  # the modes whose stages run on worker threads
 STAGED = ("rgc-sync", "rgc-async", "pipe-sync", "pipe-async")
+PIPE = ("pipe-sync", "pipe-async")  # the modes of the pipeline's rule (nbrgc.schemes.pipe_rule)
 ON_NAN = ("stop", "skip")
 
 
@@ -205,7 +206,7 @@ class TrainConfig:
             raise ConfigError(f"consensus must be one of {', '.join(CONSENSUS)}, got {self.consensus!r}")
         if self.stage_init not in STAGE_INIT:
             raise ConfigError(f"stage_init must be one of {', '.join(STAGE_INIT)}, got {self.stage_init!r}")
-        pipe = self.base_mode in ("pipe-sync", "pipe-async")
+        pipe = self.base_mode in PIPE
         h = ("all" if pipe else "0") if self.horizon is None else str(self.horizon).strip().lower()
         if h not in ("all", "stage") and not h.isdigit():
             raise ConfigError(f"horizon must be a number of blocks >= 0, 'stage' or 'all', got "
@@ -271,6 +272,12 @@ class TrainConfig:
     def threaded(self):
         """Whether the stages run on worker threads (rgc-async, pipe-async, or a mode like them)."""
         return self.base_mode in THREADED
+
+    @property
+    def pipe_rule(self):
+        """Whether the stages run the pipeline's rule (nbrgc.schemes.pipe_rule): the pipe modes, and
+        the RGC modes with an objective other than RGC's own."""
+        return self.base_mode in PIPE or (self.base_mode in STAGED and not self.is_plain_rgc())
 
     def is_plain_rgc(self):
         """Whether the objective is RGC's own (horizon 0, aux_weight 1, no readout blocks)."""

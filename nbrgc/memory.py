@@ -46,8 +46,8 @@ def estimate(cfg, tc, B, T, nt):
         K, per = tc.n_stages, L // tc.n_stages
         n_ws = 1
         threaded = tc.threaded
-        pipe_rule = tc.base_mode in ("pipe-sync", "pipe-async") or not tc.is_plain_rgc()
-        delayed = tc.base_mode in ("pipe-sync", "pipe-async", "rgc-async")  # rgc-sync: no delay
+        pipe_rule = tc.pipe_rule
+        delayed = tc.base_mode != "rgc-sync"  # rgc-sync runs the rule with no staleness or delay
         if threaded:  # one workspace per worker (stages sharing a worker share it)
             from .config import resolve_stage_workers
             from .threads import cpu_count

@@ -30,9 +30,6 @@ class PipeAsyncMPI(PipeAsync, RGCAsyncMPI):
         self._msend = {}   # boundary -> per slot, the Isend in flight from it (we are the writer)
         self._mrecv = {}   # boundary -> per slot, the Irecv posted into it (we are the reader)
 
-    def _rank_of(self, k):
-        return k // self.P
-
     def _crosses(self, k):
         """Whether boundary k (between stages k and k+1) is between two ranks."""
         return self._rank_of(k) != self._rank_of(k + 1)
@@ -63,7 +60,7 @@ class PipeAsyncMPI(PipeAsync, RGCAsyncMPI):
                              if self._written_at(k, s)[1] >= step0)
                 for s in range(first, first + d + 1):
                     prev = s - (d + 1)  # the slot's message before: read before step0?
-                    if prev < 0 or self._read_at(k, prev) < step0:
+                    if prev < 0 or self._late_step(k, prev) < step0:
                         self._post_message_recv(k, s)
 
     def _post_message_recv(self, k, s):
@@ -101,21 +98,16 @@ class PipeAsyncMPI(PipeAsync, RGCAsyncMPI):
 
     # ------------------------------------------------------------------ the stage actions
     def _stage_forward(self, k, t):
-        self.stage_last_step[k] = t
-        self._finish_rounds(t - self.S)  # as RGCAsyncMPI._stage_step: the version step t reads
+        self._step_begins(k, t)
         return super()._stage_forward(k, t)
 
     # ------------------------------------------------------------------ pauses and state
     def state(self):
         arrays, meta = super().state()  # PipeAsync's: this rank's view
         link, K = self.link, self.K
-        self._gather_segments(self.M, "the checkpoint gather")
-        self._gather_segments(self.V, "the checkpoint gather")
-        steps = meta["opt_steps"]  # stages, decoder, readout blocks of stages 0..K-2
-        owner = [self._rank_of(k) for k in range(K)] + [0] + [self._rank_of(k) for k in range(K - 1)]
-        mine = {i: steps[i] for i in range(len(steps)) if owner[i] == link.rank}
-        every = link.allgather_obj(mine, "the checkpoint gather", self.submitted)
-        meta["opt_steps"] = [every[owner[i]][i] for i in range(len(steps))]
+        stages = [self._rank_of(k) for k in range(K)]
+        # optimizers: the stages', the decoder's, the readout blocks' of stages 0..K-2
+        self._gather_optimizers(meta, stages + [0] + stages[:len(self.ro_opts)])
         for name in sorted(self._rings or {}):
             ring = self._rings[name]
             ring[...] = link.bcast(ring, "the checkpoint gather", self.submitted,

@@ -188,11 +188,15 @@ class RGCAsyncMPI(RGCAsync):
         b["norms"][r, :] = meta[:, P:2 * P].ravel()
         b["skipped"][r, :] = meta[:, 2 * P:].ravel() != 0
 
-    def _stage_step(self, k, t):
+    def _step_begins(self, k, t):
+        """What every stage step across ranks starts with (RGC's, and pipe-async's forward)."""
         self.stage_last_step[k] = t
         # the version step t reads, max(0, t - S), exists once rounds before t - S are finished;
         # finishing them here also frees their slots before this step writes round t's
         self._finish_rounds(t - self.S)
+
+    def _stage_step(self, k, t):
+        self._step_begins(k, t)
         return super()._stage_step(k, t)
 
     # ------------------------------------------------------------------ pauses and state
@@ -226,13 +230,22 @@ class RGCAsyncMPI(RGCAsync):
 
     def state(self):
         arrays, meta = super().state()
+        self._gather_optimizers(meta, [self._rank_of(k) for k in range(self.K)] + [0])
+        return arrays, meta
+
+    def _rank_of(self, k):
+        return k // self.P
+
+    def _gather_optimizers(self, meta, owner):
+        """Every rank's optimizer moments and step counts into this rank's checkpoint: ``owner``
+        gives, per optimizer in ``meta["opt_steps"]`` order, the rank that steps it (the decoder's:
+        any, every rank holds the same)."""
         self._gather_segments(self.M, "the checkpoint gather")
         self._gather_segments(self.V, "the checkpoint gather")
         steps = meta["opt_steps"]
-        local = self.link.allgather_obj([steps[k] for k in self.local_stages], "the checkpoint gather",
-                                        self.submitted)
-        meta["opt_steps"] = [t for part in local for t in part] + [steps[-1]]
-        return arrays, meta
+        mine = {i: steps[i] for i in range(len(steps)) if owner[i] == self.link.rank}
+        every = self.link.allgather_obj(mine, "the checkpoint gather", self.submitted)
+        meta["opt_steps"] = [every[owner[i]][i] for i in range(len(steps))]
 
     def stage_profile(self):
         step, wait = np.array(self.stage_step_s), np.array(self.stage_wait_s)

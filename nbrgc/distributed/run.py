@@ -63,7 +63,7 @@ class DistributedTrainer(Trainer):
         if self.tc.mode == "bp":
             from .dp import DataParallelBP
             self.scheme = DataParallelBP(model, self.tc, link=self.link)
-        elif self.tc.mode == "pipe-async" or not self.tc.is_plain_rgc():
+        elif self.tc.pipe_rule:
             from .pipe import PipeAsyncMPI
             self.scheme = PipeAsyncMPI(model, self.tc, link=self.link, fault_hook=self.fault_hook,
                                        log=self.info)

@@ -44,7 +44,7 @@ def make_scheme(model, tc, **kw):
     if tc.mode == "bp":
         from .bp import BP
         return BP(model, tc, **kw)
-    if tc.mode == "pipe-sync" or (tc.mode == "rgc-sync" and not tc.is_plain_rgc()):
+    if tc.pipe_rule and tc.mode in ("pipe-sync", "rgc-sync"):
         from .pipe_sync import PipeSync
         if tc.mode == "rgc-sync":  # the synchronous reference: no staleness, no delay
             return PipeSync(model, tc, staleness=0, delay=0, **kw)
@@ -52,7 +52,7 @@ def make_scheme(model, tc, **kw):
     if tc.mode == "rgc-sync":
         from .rgc_sync import RGCSync
         return RGCSync(model, tc, **kw)
-    if tc.mode == "pipe-async" or not tc.is_plain_rgc():  # rgc-async with another objective
+    if tc.pipe_rule:  # pipe-async, or rgc-async with another objective
         from .pipe_async import PipeAsync
         return PipeAsync(model, tc, **kw)
     from .rgc_async import RGCAsync

@@ -119,8 +119,9 @@ class PipeAsync(PipeRule, RGCAsync):
             self.cond.notify_all()
 
     # ------------------------------------------------------------------ message waits
-    def _read_at(self, k, s):
-        """The step whose late action of stage k reads the message for micro-batch s."""
+    def _late_step(self, k, s):
+        """The step whose late action of stage k handles micro-batch s (the inverse of
+        PipeRule._late's s = t - D_k; during the delay warm-up, s itself)."""
         return s if s < self.warm else s + self.D[k]
 
     def _written_at(self, k, s):
@@ -129,7 +130,7 @@ class PipeAsync(PipeRule, RGCAsync):
         loss's part), else its late action D_{k+1} steps later (s itself during the delay warm-up)."""
         if self.hops == 1 or k + 1 == self.K - 1:
             return "forward", s
-        return "late", (s if s < self.warm else s + self.D[k + 1])
+        return "late", self._late_step(k + 1, s)
 
     def _message_ready(self, k, s):
         action, u = self._written_at(k, s)
@@ -140,7 +141,7 @@ class PipeAsync(PipeRule, RGCAsync):
         prev = s - (self.d + 1)  # the slot's previous message
         if prev < 0:
             return
-        u = self._read_at(k, prev)
+        u = self._late_step(k, prev)  # when stage k read it
         done = self.done_late
         self._wait(lambda: done[k] > u, k + 1, holds_ws=True)
 

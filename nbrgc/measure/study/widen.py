@@ -41,7 +41,7 @@ def _command(command, arms, seeds):
     """``command`` with --arms and --seeds set to ``arms`` and ``seeds`` and no --phase."""
     argv = shlex.split(command)
     out, skip = [], False
-    for i, x in enumerate(argv):
+    for x in argv:
         if skip:
             skip = False
             continue
