@@ -10,7 +10,7 @@ import numpy as np
 from .config import ModelConfig, check_attention
 from .errors import ConfigError
 from .kernels.blocks import (BLOCK_PARAMS, BLOCKS_BWD, BLOCKS_FWD, BlockActivations, BlockScratch,
-                             decoder_fwd, decoder_fwd_bwd)
+                             decoder_fwd_bwd)
 from .kernels.embedding import embedding_bwd, embedding_fwd
 
 DECODER_PARAMS = ("lnf.w", "lnf.b", "head.w", "head.b")
@@ -263,18 +263,21 @@ class Model:
         pdec = self.flat[lo:hi] if pdec is None else pdec
         ws.targets[...] = np.asarray(y).reshape(-1)
         n = ws.targets.shape[0]
-        tot = decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd,
-                              ws.logits, ws.losses, ws.dh, ws.scratch.ln_partials, 1.0 / n,
-                              _threads(), _plan())
+        tot = self._decoder(pdec, gdec, h, ws, True)
         return tot / n, ws.dh
 
     def decoder_loss(self, h, y, ws, pdec=None):
         lo, hi = self.layout.decoder_range
         pdec = self.flat[lo:hi] if pdec is None else pdec
         ws.targets[...] = np.asarray(y).reshape(-1)
-        tot = decoder_fwd(pdec, h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits,
-                          ws.losses, _threads())
+        tot = self._decoder(pdec, self.grad_flat[lo:hi], h, ws, False)
         return tot / ws.targets.shape[0]
+
+    def _decoder(self, pdec, gdec, h, ws, backward):
+        # one kernel for the loss with and without its backward (see decoder_fwd_bwd)
+        return decoder_fwd_bwd(pdec, gdec, h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd,
+                               ws.logits, ws.losses, ws.dh, ws.scratch.ln_partials,
+                               1.0 / ws.targets.shape[0], _threads(), _plan(), backward)
 
     # ----------------------------------------------------------------- whole model
     def loss(self, x, y):
@@ -305,7 +308,6 @@ class Model:
         h = self.forward_blocks(self.embed(x, ws), 0, self.cfg.n_layer, ws)
         lo, hi = self.layout.decoder_range
         ws.targets[...] = 0  # the loss's kernel, which keeps the raw logits: one kernel less to compile
-        decoder_fwd(self.flat[lo:hi], h, ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits,
-                    ws.losses, _threads())
+        self._decoder(self.flat[lo:hi], self.grad_flat[lo:hi], h, ws, False)
         return ws.logits.reshape(x.shape[0], x.shape[1], -1).copy()
 

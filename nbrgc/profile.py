@@ -58,7 +58,7 @@ def profiled_loss_and_grad(model, x, y, timer):
     n = ws.targets.shape[0]
     tot = timer("decoder fwd+bwd (LN, head, CE)", blocks.decoder_fwd_bwd, P[lo:hi], G[lo:hi], a.resid[L],
                 ws.targets, ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.logits, ws.losses, ws.dh, s.ln_partials,
-                1.0 / n, nt, plan)
+                1.0 / n, nt, plan, True)
     # the decoder wrote dL/dh into ws.dresid
     blocks.replay_bwd(timer, P, G, offs, 0, L, B, T, H, a, s, ws.dresid, nt, plan, ws.attention)
     timer("embedding bwd", embedding_bwd, ws.tokens, ws.dresid, model.grads["wte"], model.grads["wpe"])

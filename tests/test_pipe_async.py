@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from nbrgc.config import TrainConfig, preset
-from nbrgc.errors import CheckpointError, ConfigError
+from nbrgc.errors import ConfigError
 from nbrgc.memory import estimate
 from nbrgc.schemes import make_scheme
 from nbrgc.model import Model
 from nbrgc.schemes.pipe_async import PipeAsync
 
 from conftest import numba_threads
-from test_pipeline_state import ckpt_steps, data, keep_up_to, run as run_trainer  # noqa: F401
+from test_pipeline_state import assert_cadence_and_resume_keep, data, run as run_trainer  # noqa: F401
 from test_schemes import TINY4, run, stage_losses, text  # noqa: F401  (data, text: fixtures)
 
 SETTINGS = {
@@ -77,19 +77,9 @@ def test_cadence_workers_stop_and_resume_leave_the_trajectory(data, tmp_path, kw
     ref, ref_params = run_trainer(data, stage_workers=1, **kw)
     sync, sync_params = run_trainer(data, **dict(kw, mode="pipe-sync", threads=1))
     assert sync.losses() == ref.losses() and np.array_equal(sync_params, ref_params)
-    got, params = run_trainer(data, out=str(tmp_path / "cad"), eval_every=3, ckpt_every=7, keep=1,
-                              stage_workers=4, **kw)
+    got, params = assert_cadence_and_resume_keep(data, tmp_path, kw, 3, cadence=dict(stage_workers=4),
+                                                 resumed=dict(stage_workers=2))
     assert got.losses() == ref.losses() and np.array_equal(params, ref_params)
-    full_dir = str(tmp_path / "full")
-    full, full_params = run_trainer(data, out=full_dir, eval_every=6, ckpt_every=5, keep=100, **kw)
-    for n in [s for s in ckpt_steps(full_dir) if s < 40][:3]:
-        d = str(tmp_path / f"from{n}")
-        keep_up_to(full_dir, d, n)
-        again, params = run_trainer(data, out=d, resume=True, eval_every=4, stage_workers=2, **kw)
-        assert again.losses() == {s: v for s, v in full.losses().items() if s > n}, n
-        assert np.array_equal(params, full_params), n
-    with pytest.raises(CheckpointError, match="boundary_delay 1, this run has 2"):
-        run_trainer(data, out=full_dir, resume=True, **dict(kw, boundary_delay=2, steps=60))
 
 
 def test_memory_estimate_counts_a_workspace_per_worker():

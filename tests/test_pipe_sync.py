@@ -9,13 +9,13 @@ import pytest
 import nbrgc
 from nbrgc.config import TrainConfig, preset
 from nbrgc.data import Batches
-from nbrgc.errors import CheckpointError, ConfigError
+from nbrgc.errors import ConfigError
 from nbrgc.model import Model
 from nbrgc.schemes import make_scheme
 from nbrgc.schemes.pipe_sync import delays
 
 from conftest import numba_threads
-from test_pipeline_state import ckpt_steps, data, keep_up_to, run as run_trainer  # noqa: F401
+from test_pipeline_state import assert_cadence_and_resume_keep, data, run as run_trainer  # noqa: F401
 from test_schemes import TINY4, losses, run, stage_losses, text  # noqa: F401  (data, text: fixtures)
 
 
@@ -137,20 +137,7 @@ def test_bad_settings_are_one_line_errors():
                          ids=["pipelined-bp", "one-stage-horizon", "readout-blocks"])
 def test_cadence_stop_and_resume_leave_the_trajectory(data, tmp_path, kw):
     kw = dict(mode="pipe-sync", threads=1, stage_threads="auto", boundary_delay=1, **kw)
-    ref, ref_params = run_trainer(data, **kw)
-    got, params = run_trainer(data, out=str(tmp_path / "cad"), eval_every=3, ckpt_every=7, keep=1, **kw)
-    assert got.losses() == ref.losses() and np.array_equal(params, ref_params)
-    full_dir = str(tmp_path / "full")
-    full, full_params = run_trainer(data, out=full_dir, eval_every=6, ckpt_every=5, keep=100, **kw)
-    for n in [s for s in ckpt_steps(full_dir) if s < 40][:4]:
-        d = str(tmp_path / f"from{n}")
-        keep_up_to(full_dir, d, n)
-        again, params = run_trainer(data, out=d, resume=True, eval_every=4, **kw)
-        assert again.losses() == {s: v for s, v in full.losses().items() if s > n}, n
-        assert np.array_equal(params, full_params), n
-    # another delay is another trajectory: refused on resume
-    with pytest.raises(CheckpointError, match="boundary_delay 1, this run has 2"):
-        run_trainer(data, out=full_dir, resume=True, **dict(kw, boundary_delay=2, steps=60))
+    assert_cadence_and_resume_keep(data, tmp_path, kw, 4)
 
 
 @pytest.mark.parametrize("replay", ["stashed", "predicted", "momentum"])

@@ -69,6 +69,29 @@ def keep_up_to(src, dst, step):
             os.remove(ck.checkpoint_path(dst, s))
 
 
+def assert_cadence_and_resume_keep(data, tmp_path, kw, resumes, cadence=None, resumed=None):
+    """A run of ``kw`` with another evaluation and checkpoint cadence (plus ``cadence``), and the
+    same run resumed from each of its first ``resumes`` checkpoints (plus ``resumed``), give the
+    uninterrupted run's losses and parameters; resuming with another boundary delay is refused.
+    Returns the uninterrupted run (records, parameters)."""
+    ref, ref_params = run(data, **kw)
+    got, params = run(data, out=str(tmp_path / "cad"), eval_every=3, ckpt_every=7, keep=1,
+                      **dict(kw, **(cadence or {})))
+    assert got.losses() == ref.losses() and np.array_equal(params, ref_params)
+    full_dir = str(tmp_path / "full")
+    full, full_params = run(data, out=full_dir, eval_every=6, ckpt_every=5, keep=100, **kw)
+    for n in [s for s in ckpt_steps(full_dir) if s < STEPS][:resumes]:
+        d = str(tmp_path / f"from{n}")
+        keep_up_to(full_dir, d, n)
+        again, params = run(data, out=d, resume=True, eval_every=4, **dict(kw, **(resumed or {})))
+        assert again.losses() == {s: v for s, v in full.losses().items() if s > n}, n
+        assert np.array_equal(params, full_params), n
+    # another delay is another trajectory: refused on resume
+    with pytest.raises(CheckpointError, match="boundary_delay 1, this run has 2"):
+        run(data, out=full_dir, resume=True, **dict(kw, boundary_delay=2, steps=60))
+    return ref, ref_params
+
+
 @pytest.mark.parametrize("S", [0, 1, 2])
 def test_losses_do_not_depend_on_eval_checkpoints_or_workers(data, tmp_path, S):
     ref, ref_params = run(data, max_staleness=S)

@@ -19,8 +19,7 @@ the plain call, and run as Python they are the profile's replay (:func:`replay`,
 from collections import namedtuple
 from contextlib import contextmanager
 
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from .attention import attention_bwd, attention_bwd_lean, attention_fwd, attention_fwd_lean
 from .gemm import linear_bwd, linear_fwd, matmul
@@ -135,23 +134,29 @@ def replay(hook):
 
 
 # The attention forward and backward of each ``attention`` handling ("store" keeps ``probs``;
-# "recompute" keeps none and uses only the scratch). Functions, not a branch in the block body: the
-# overloads below resolve on the literal string the entry point passes (the body is inlined into
-# it, so ``attention`` stays a literal) and compile only the kernels a run uses. Run as Python
-# (replay), the same functions are looked up by name.
-def _fwd_store(attention, qkv, B, T, H, probs, probs_scratch, y):
+# "recompute" keeps none and uses only the scratch), one signature for both. An entry point passes
+# its pair to the inlined block body, so it compiles only the attention kernels its run uses and
+# calls them directly. (An ``@overload`` choosing on a string literal did the same, but Numba
+# compiles an inlined overload in full before inlining it and throws that away: two such
+# functions cost a cold start about 3 s of compiling for nothing.) Run as Python (replay), the
+# same functions' ``py_func`` call the rebound aliases.
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _fwd_store(qkv, B, T, H, probs, probs_scratch, y):
     attn_fwd(qkv, B, T, H, probs, y)
 
 
-def _fwd_recompute(attention, qkv, B, T, H, probs, probs_scratch, y):
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _fwd_recompute(qkv, B, T, H, probs, probs_scratch, y):
     attn_fwd_lean(qkv, B, T, H, probs_scratch, y)
 
 
-def _bwd_store(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _bwd_store(dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
     attn_bwd(dy, qkv, B, T, H, probs, dprobs, dqkv)
 
 
-def _bwd_recompute(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
+@njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _bwd_recompute(dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
     attn_bwd_lean(dy, qkv, B, T, H, probs_scratch, dprobs, dqkv)
 
 
@@ -159,31 +164,9 @@ _ATTEND_FWD = {"store": _fwd_store, "recompute": _fwd_recompute}
 _ATTEND_BWD = {"store": _bwd_store, "recompute": _bwd_recompute}
 
 
-def attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
-    _ATTEND_FWD[attention](attention, qkv, B, T, H, probs, probs_scratch, y)
-
-
-def attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-    _ATTEND_BWD[attention](attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv)
-
-
-@overload(attend_fwd, inline="always")
-def _attend_fwd(attention, qkv, B, T, H, probs, probs_scratch, y):
-    if isinstance(attention, types.StringLiteral):
-        return _ATTEND_FWD[attention.literal_value]
-    return None
-
-
-@overload(attend_bwd, inline="always")
-def _attend_bwd(attention, dy, qkv, B, T, H, probs, probs_scratch, dprobs, dqkv):
-    if isinstance(attention, types.StringLiteral):
-        return _ATTEND_BWD[attention.literal_value]
-    return None
-
-
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
-    # ``attention`` is the literal its entry point passes (this body is inlined there): see attend_fwd
+def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attend_fwd):
+    # ``attend_fwd``: the entry point's attention forward (this body is inlined there), see _fwd_store
     d = acts.resid.shape[2]
     for l in range(lo, hi):
         i = l - lo
@@ -193,7 +176,7 @@ def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
             acts.ln1_mean[i], acts.ln1_rstd[i])
         qkv_fwd(scr.ln_out, _mat(P, o[QKV_W], d, 3 * d), _vec(P, o[QKV_B], 3 * d),
             acts.qkv[i], nt)
-        attend_fwd(attention, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
+        attend_fwd(acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
                    acts.att_out[i])
         add_resid_bias(x, _vec(P, o[PROJ_B], d), mid)
         proj_fwd(acts.att_out[i], _mat(P, o[PROJ_W], d, d), mid, 1.0, nt)
@@ -206,8 +189,8 @@ def _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
-def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention):
-    # ``attention``: as in _blocks_fwd
+def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attend_bwd):
+    # ``attend_bwd``: as in _blocks_fwd
     d = acts.resid.shape[2]
     for l in range(hi - 1, lo - 1, -1):
         i = l - lo
@@ -228,7 +211,7 @@ def _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attent
         # attention: mid = x + attn(ln1(x)) @ wo + bo
         proj_bwd(acts.att_out[i], _mat(P, o[PROJ_W], d, d), dresid, scr.datt,
             _mat(G, o[PROJ_W], d, d), _vec(G, o[PROJ_B], d), nt, 0.0, plan[4], plan[5])
-        attend_bwd(attention, scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
+        attend_bwd(scr.datt, acts.qkv[i], B, T, H, acts.probs[i], scr.probs_scratch,
                    scr.dprobs, scr.dqkv)
         ln_again(x, _vec(P, o[LN1_W], d), _vec(P, o[LN1_B], d),
             acts.ln1_mean[i], acts.ln1_rstd[i], scr.ln_out)
@@ -243,13 +226,14 @@ def replay_fwd(hook, P, offs, lo, hi, B, T, H, acts, scr, nt, attention):
     """The blocks' forward body run as Python, every kernel call handed to ``hook(label, kernel,
     *args)``: the production sequence of calls on the production buffers (the profile times it)."""
     with replay(hook):
-        _blocks_fwd.py_func(P, offs, lo, hi, B, T, H, acts, scr, nt, attention)
+        _blocks_fwd.py_func(P, offs, lo, hi, B, T, H, acts, scr, nt, _ATTEND_FWD[attention].py_func)
 
 
 def replay_bwd(hook, P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention):
     """The blocks' backward body, as :func:`replay_fwd`."""
     with replay(hook):
-        _blocks_bwd.py_func(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, attention)
+        _blocks_bwd.py_func(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan,
+                            _ATTEND_BWD[attention].py_func)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -257,13 +241,13 @@ def blocks_fwd_store(P, offs, lo, hi, B, T, H, acts, scr, nt):
     """``acts.resid[0]`` is the input of block ``lo``; fills ``acts.resid[1..hi-lo]`` and the other
     saved activations (:class:`BlockActivations`), the attention probabilities included, using
     ``scr`` (:class:`BlockScratch`)."""
-    _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, "store")
+    _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, _fwd_store)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def blocks_fwd_recompute(P, offs, lo, hi, B, T, H, acts, scr, nt):
     """:func:`blocks_fwd_store` keeping no attention probabilities (``acts.probs`` has size 0)."""
-    _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, "recompute")
+    _blocks_fwd(P, offs, lo, hi, B, T, H, acts, scr, nt, _fwd_recompute)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -278,14 +262,14 @@ def blocks_bwd_store(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
     side by side (plan value TASKS); see :class:`nbrgc.model.Workspace` for which scratch buffers
     share memory and why that is safe.
     """
-    _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, "store")
+    _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, _bwd_store)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def blocks_bwd_recompute(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan):
     """:func:`blocks_bwd_store` after :func:`blocks_fwd_recompute`: recomputes each block's
     attention probabilities, one head at a time, into ``scr.probs_scratch``."""
-    _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, "recompute")
+    _blocks_bwd(P, G, offs, lo, hi, B, T, H, acts, scr, dresid, nt, plan, _bwd_recompute)
 
 
 # The entry points for each way of handling the attention probabilities (ModelConfig's attention).
@@ -293,29 +277,25 @@ BLOCKS_FWD = {"store": blocks_fwd_store, "recompute": blocks_fwd_recompute}
 BLOCKS_BWD = {"store": blocks_bwd_store, "recompute": blocks_bwd_recompute}
 
 
+# One entry point for the decoder's loss with and without its backward (``backward`` a runtime
+# flag): an entry point links, re-optimises and re-emits every kernel it calls, so a second one for
+# the loss alone cost a cold start about 3 s of compiling; the branch costs nothing at run time.
 @njit(nogil=True, cache=True, error_model="numpy")
 def decoder_fwd_bwd(Pdec, Gdec, h, targets, lnf, mf, rf, logits, losses, dh, partial, scale, nt,
-                    plan):
-    """Shared decoder (final LN + head) on ``h``: returns the summed loss, sets dh = scale * dL/dh,
-    accumulates decoder gradients into ``Gdec`` (flat: lnf.w, lnf.b, head.w, head.b)."""
+                    plan, backward):
+    """Shared decoder (final LN + head) on ``h``: returns the summed loss. With ``backward``, sets
+    dh = scale * dL/dh and accumulates decoder gradients into ``Gdec`` (flat: lnf.w, lnf.b, head.w,
+    head.b), and ``logits`` end as their gradient; without, it reads neither ``Gdec`` nor ``dh``,
+    and ``logits`` keep the raw logits."""
     d = h.shape[1]
     V = logits.shape[1]
     layernorm_fwd(h, Pdec[0:d], Pdec[d:2 * d], lnf, mf, rf)
     hw = Pdec[2 * d:2 * d + d * V].reshape((d, V))
     linear_fwd(lnf, hw, Pdec[2 * d + d * V:2 * d + d * V + V], logits, nt)
+    if not backward:
+        return xent_fwd(logits, targets, losses)
     tot = xent_fwd_bwd(logits, targets, losses, scale)
     linear_bwd(lnf, hw, logits, lnf, Gdec[2 * d:2 * d + d * V].reshape((d, V)),
                Gdec[2 * d + d * V:2 * d + d * V + V], nt, 0.0, plan[8], plan[9])
     layernorm_bwd(lnf, h, Pdec[0:d], mf, rf, dh, Gdec[0:d], Gdec[d:2 * d], partial, nt, 0.0)
     return tot
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def decoder_fwd(Pdec, h, targets, lnf, mf, rf, logits, losses, nt):
-    """Summed loss only; ``logits`` keep the raw logits."""
-    d = h.shape[1]
-    V = logits.shape[1]
-    layernorm_fwd(h, Pdec[0:d], Pdec[d:2 * d], lnf, mf, rf)
-    linear_fwd(lnf, Pdec[2 * d:2 * d + d * V].reshape((d, V)),
-               Pdec[2 * d + d * V:2 * d + d * V + V], logits, nt)
-    return xent_fwd(logits, targets, losses)

@@ -76,8 +76,10 @@ class _Compiles:
 PARTS = ("backward and update", "the rest")
 # PARTS[0]'s steps, in the order it compiles them: the blocks' backward first, so that by the time it
 # reaches the decoder, the other helper has cached the forward kernels the two share (a kernel the
-# other process has cached is loaded, not compiled again).
-_FIRST = ("AdamW", "gradient norm", "embedding backward", "blocks backward", "decoder forward and backward")
+# other process has cached is loaded, not compiled again). The evaluation runs the decoder's kernel
+# without its backward, so it comes after the decoder, in the same helper.
+_FIRST = ("AdamW", "gradient norm", "embedding backward", "blocks backward",
+          "decoder forward and backward", "evaluation")
 
 
 def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False, optimizer="adamw"):
@@ -103,9 +105,8 @@ def steps(dtype=np.float32, attention="store", mode="bp", skip_forward=False, op
         ("embedding backward", lambda: model.embed_backward(ws, h[-1])),
         ("gradient norm", lambda: sumsq(model.grad_flat)),
         ("AdamW", lambda: opt.step(1e-3)),
-        ("evaluation", lambda: model.decoder_loss(model.forward_blocks(model.embed(x, ws), 0, 1, ws),
-                                                  x, ws)),
-        ("sampling", lambda: model.logits(x)),
+        # the decoder's loss alone, on a block output (sampling, Model.logits, calls the same kernels)
+        ("evaluation", lambda: model.decoder_loss(ws.resid[1], x, ws)),
     ]
     if optimizer == "muon":
         from ..optim import Muon
