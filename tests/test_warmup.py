@@ -83,3 +83,14 @@ print(repr(Trainer(preset('demo'), tc, 'default', None, progress=False, log=lamb
         outs.append(p.stdout)
     assert outs[0] == outs[1], outs
     assert list(tmp_path.glob("numba/*/warm-float32-store-bp"))
+
+
+def test_the_entry_points_that_skip_the_second_optimisation_are_the_entry_points():
+    """nbrgc.kernels.linking names them as strings (it is installed before the kernels are
+    imported): they must be exactly the block-range and decoder entry points, each of which has
+    been compiled under that name."""
+    from nbrgc.kernels import blocks, linking
+    entries = list(blocks.BLOCKS_FWD.values()) + list(blocks.BLOCKS_BWD.values()) + [blocks.decoder_fwd_bwd]
+    assert linking.ENTRY_POINTS == {f.py_func.__qualname__ for f in entries}
+    from numba.core import codegen
+    assert getattr(codegen.CPUCodeLibrary._optimize_final_module, "nbrgc_entry_points", False)
