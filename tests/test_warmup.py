@@ -94,3 +94,30 @@ def test_the_entry_points_that_skip_the_second_optimisation_are_the_entry_points
     assert linking.ENTRY_POINTS == {f.py_func.__qualname__ for f in entries}
     from numba.core import codegen
     assert getattr(codegen.CPUCodeLibrary._optimize_final_module, "nbrgc_entry_points", False)
+
+
+def test_a_parallel_kernel_links_its_loop_body_without_a_second_pass_and_others_keep_it():
+    import numpy as np
+    from numba import njit, prange
+    from nbrgc.kernels import linking
+
+    @njit(parallel=True)
+    def parallel(x):
+        for i in prange(x.shape[0]):
+            x[i] += 1.0
+
+    @njit
+    def serial(x):
+        x[0] += parallel_free(x)
+
+    @njit
+    def parallel_free(x):
+        return x[1]
+
+    x = np.zeros(4)
+    parallel(x)
+    serial(x)
+    assert x.tolist() == [2.0, 1.0, 1.0, 1.0]
+    lib = lambda f: next(iter(f.overloads.values())).library  # noqa: E731
+    assert linking.skips_second_pass(lib(parallel))
+    assert not linking.skips_second_pass(lib(serial))  # it links a callee, but no parfor body
