@@ -100,7 +100,7 @@ def build_parser():
     g.add_argument("--batch", type=int, default=D["batch"], help="sequences per step" + derived("batch"))
     g.add_argument("--seq", type=int, default=D["seq"], help="sequence length; 0: the preset's ctx")
     g.add_argument("--lr", type=finite_number, default=None,
-                   help=f"peak learning rate (AdamW) (default: the preset's: "
+                   help="peak learning rate (AdamW) (default: the preset's: "
                         + ", ".join(f"{v:g} for {k}" for k, v in PRESET_LR.items()) + f", else {D['lr']:g})")
     g.add_argument("--min-lr-frac", type=finite_number, default=D["min_lr_frac"],
                    help="the cosine schedule ends at lr times this")
