@@ -80,15 +80,15 @@ def fmax(typingctx, a, b):
     return out(a, b), codegen
 
 
-def cast_like(x, arr):  # pragma: no cover - replaced by the overload inside jitted code
-    return arr.dtype.type(x)
-
-
-@overload(cast_like, inline="always")
-def _cast_like(x, arr):
-    """``x`` as a scalar of ``arr``'s dtype: keeps float32 loops in float32 without allocating."""
+@intrinsic
+def cast_like(typingctx, x, arr):
+    """``x`` as a scalar of ``arr``'s dtype: keeps float32 loops in float32 without allocating. The
+    same conversion as ``arr.dtype.type(x)`` in compiled code (Numba's ``context.cast``), emitted
+    directly: an inlined ``@overload`` would be compiled in full, per signature, and thrown away."""
+    if not isinstance(arr, types.Array) or not isinstance(x, (types.Number, types.Boolean)):
+        return None
     dt = arr.dtype
 
-    def impl(x, arr):
-        return dt(x)
-    return impl
+    def codegen(context, builder, sig, args):
+        return context.cast(builder, args[0], sig.args[0], dt)
+    return dt(x, arr), codegen
