@@ -19,12 +19,12 @@ if _MISSING:
 from .errors import NbrgcError as _NbrgcError
 from .threads import select_layer as _select_layer
 from .kernels.jitcache import configure as _configure_cache
-from .kernels.linking import install as _link_entry_points_once
+from .kernels.linking import install as _install_linking
 
 try:
     THREADING_LAYER = _select_layer()
     JIT_CACHE_DIR = _configure_cache()  # also settles which BLAS the GEMMs call (NBRGC_BLAS)
-    _link_entry_points_once()
+    _install_linking()
 except _NbrgcError as _exc:
     # a bad NBRGC_* setting: the command-line tools answer with one line, as for a bad flag
     if _os.path.basename(_sys.argv[0] or "").startswith("nbrgc-"):

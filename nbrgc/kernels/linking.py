@@ -51,7 +51,7 @@ def install():
     """Make those libraries skip the full module pass (once per process)."""
     lib = codegen.CPUCodeLibrary
     full = lib._optimize_final_module
-    if getattr(full, "nbrgc_entry_points", False):
+    if getattr(full, "nbrgc_skips_second_pass", False):
         return
 
     def _optimize_final_module(self):
@@ -61,5 +61,5 @@ def install():
             except (AttributeError, TypeError):  # another Numba's internals: optimise as it does
                 pass
         return full(self)
-    _optimize_final_module.nbrgc_entry_points = True
+    _optimize_final_module.nbrgc_skips_second_pass = True
     lib._optimize_final_module = _optimize_final_module
