@@ -127,22 +127,30 @@ def _head_bwd(q, k, v, dq, dk, dv, dyh, P, G, T, hd, scale, qb, recompute):
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def _fwd_heads(qkv, B, T, H, probs, pscratch, y, keep):
-    """Every (batch, head): probabilities into probs[b, h] (``keep``) or into the calling chunk's
-    pscratch[blk], then y. The arithmetic of a head does not depend on which buffer it uses."""
+def _fwd_heads(qkv, B, T, H, probs, pscratch, y):
+    """Every (batch, head): probabilities into probs[b, h] or, when ``probs`` has size 0, into the
+    calling chunk's pscratch[blk], then y.
+
+    Keeping or not is read from ``probs``, not passed as a flag: a constant flag makes two compiled
+    kernels (Numba specialises on a literal bool), each free to round its reductions its own way.
+    The buffer a chunk writes is chosen before the parallel loop, so both ways run one loop body:
+    the same bits by construction, whatever CPU the code is compiled for."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
     qb = _qblock(T)
+    keep = probs.size != 0
+    # keeping, each head is a chunk of its own with its own slot of probs
+    bufs = probs.reshape((B * H, T, T)) if keep else pscratch
     nb = B * H if keep else max(1, min(pscratch.shape[0], B * H))
     step = (B * H + nb - 1) // nb
     prev = serial_below(_work(B, T, H, hd))
     for blk in prange(nb):
+        P = bufs[blk]
         for bh in range(blk * step, min(B * H, (blk + 1) * step)):
             b = bh // H
             h = bh % H
             q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
-            P = probs[b, h] if keep else pscratch[blk]
             yh = y[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
             for i0 in range(0, T, qb):
                 i1 = min(T, i0 + qb)
@@ -152,17 +160,24 @@ def _fwd_heads(qkv, B, T, H, probs, pscratch, y, keep):
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=FLAGS, error_model="numpy")
-def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv, keep):
+def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv):
     """Every (batch, head)'s backward on its chunk's score-gradient buffer scratch[blk], with the
-    kept probabilities or (not ``keep``) recomputing them into pscratch[blk]."""
+    kept probabilities or, when ``probs`` has size 0, recomputing them into pscratch[blk]. One
+    compiled kernel for both ways, as :func:`_fwd_heads`: which buffer holds a head's probabilities
+    is looked up in ``slot``, filled before the parallel loop."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
     qb = _qblock(T)
+    keep = probs.size != 0
     nb = max(1, min(scratch.shape[0], B * H))
     if not keep:
         nb = max(1, min(nb, pscratch.shape[0]))
     step = (B * H + nb - 1) // nb
+    bufs = probs.reshape((B * H, T, T)) if keep else pscratch
+    slot = np.empty(B * H, np.int64)
+    for bh in range(B * H):
+        slot[bh] = bh if keep else bh // step
     prev = serial_below(2 * _work(B, T, H, hd))
     for blk in prange(nb):
         for bh in range(blk * step, min(B * H, (blk + 1) * step)):
@@ -171,15 +186,15 @@ def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv, keep):
             q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
             dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
             dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-            P = probs[b, h] if keep else pscratch[blk]
-            _head_bwd(q, k, v, dq, dk, dv, dyh, P, scratch[blk], T, hd, scale, qb, not keep)
+            _head_bwd(q, k, v, dq, dk, dv, dyh, bufs[slot[bh]], scratch[blk], T, hd, scale, qb,
+                      not keep)
     restore_threads(prev)
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def attention_fwd(qkv, B, T, H, probs, y):
     """qkv (B*T, 3d) -> probs (B, H, T, T) (entries above the diagonal are unspecified), y (B*T, d)."""
-    _fwd_heads(qkv, B, T, H, probs, probs[0], y, True)
+    _fwd_heads(qkv, B, T, H, probs, probs[0], y)
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
@@ -187,14 +202,14 @@ def attention_bwd(dy, qkv, B, T, H, probs, scratch, dqkv):
     """dy (B*T, d) -> dqkv (B*T, 3d) (overwritten). ``probs`` is only read (a second backward of
     the same forward gives the same result); ``scratch`` (>= 1, T, T) gives each parallel chunk its
     own buffer for the score gradients."""
-    _bwd_heads(dy, qkv, B, T, H, probs, scratch, scratch, dqkv, True)
+    _bwd_heads(dy, qkv, B, T, H, probs, scratch, scratch, dqkv)
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
 def attention_fwd_lean(qkv, B, T, H, scratch, y):
     """qkv (B*T, 3d) -> y (B*T, d), keeping no probabilities: ``scratch`` (>= 1, T, T) gives each
     parallel chunk a buffer for one head's. Same arithmetic as :func:`attention_fwd`."""
-    _fwd_heads(qkv, B, T, H, np.empty((0, 0, 0, 0), y.dtype), scratch, y, False)
+    _fwd_heads(qkv, B, T, H, np.empty((0, 0, 0, 0), y.dtype), scratch, y)
 
 
 @njit(nogil=True, cache=True, inline="always", error_model="numpy")
@@ -202,4 +217,4 @@ def attention_bwd_lean(dy, qkv, B, T, H, pscratch, scratch, dqkv):
     """:func:`attention_bwd` after :func:`attention_fwd_lean`: recomputes the probabilities.
     ``pscratch`` and ``scratch`` (>= 1, T, T): a probabilities and a score-gradient buffer per
     parallel chunk."""
-    _bwd_heads(dy, qkv, B, T, H, np.empty((0, 0, 0, 0), dy.dtype), pscratch, scratch, dqkv, False)
+    _bwd_heads(dy, qkv, B, T, H, np.empty((0, 0, 0, 0), dy.dtype), pscratch, scratch, dqkv)
