@@ -1,7 +1,7 @@
 """nbrgc-study: the convergence study of bounded-horizon RGC against backprop.
 
 Every arm (bp and the RGC arms: rgc-sync, rgc-async with staleness 1 and 0, and the variants) first
-sweeps its learning rate on the first seed at --sweep-frac of the budget; then every arm runs every
+sweeps its learning rate on seed 0 at --sweep-frac of the budget; then every arm runs every
 seed at its own best rate (lowest final validation bpb of the sweep). Paired seeds share initial
 weights and batches. The final metric is the test split's bits per byte with the full-context
 sliding window of nbrgc-eval; validation bpb on fixed held-out batches gives the curves. Per RGC arm
