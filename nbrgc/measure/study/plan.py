@@ -1,7 +1,7 @@
 """The plan of a convergence study: its settings checked, the runs it consists of and the key each
 run's result is filed under.
 
-The plan is the whole sweep first (every learning rate of the grid on the first seed at
+The plan is the whole sweep first (every learning rate of the grid on seed 0 at
 ``sweep_frac`` of the budget, with its own warm-up and cosine over the shorter run; the grid's
 middle rate of every arm first, then outwards, rank by rank),
 then the main runs seed by seed with every arm of a seed together, so an interrupted study leaves
