@@ -163,8 +163,8 @@ def _fwd_heads(qkv, B, T, H, probs, pscratch, y):
 def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv):
     """Every (batch, head)'s backward on its chunk's score-gradient buffer scratch[blk], with the
     kept probabilities or, when ``probs`` has size 0, recomputing them into pscratch[blk]. One
-    compiled kernel for both ways, as :func:`_fwd_heads`: which buffer holds a head's probabilities
-    is looked up in ``slot``, filled before the parallel loop."""
+    compiled kernel for both ways, as :func:`_fwd_heads`: head bh's probabilities are
+    bufs[bh // per_buf], both chosen before the parallel loop."""
     d = qkv.shape[1] // 3
     hd = d // H
     scale = 1.0 / np.sqrt(hd)
@@ -175,9 +175,7 @@ def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv):
         nb = max(1, min(nb, pscratch.shape[0]))
     step = (B * H + nb - 1) // nb
     bufs = probs.reshape((B * H, T, T)) if keep else pscratch
-    slot = np.empty(B * H, np.int64)
-    for bh in range(B * H):
-        slot[bh] = bh if keep else bh // step
+    per_buf = 1 if keep else step  # heads sharing one buffer: a slot each, or a chunk's
     prev = serial_below(2 * _work(B, T, H, hd))
     for blk in prange(nb):
         for bh in range(blk * step, min(B * H, (blk + 1) * step)):
@@ -186,7 +184,7 @@ def _bwd_heads(dy, qkv, B, T, H, probs, pscratch, scratch, dqkv):
             q, k, v = _heads(qkv[b * T:(b + 1) * T], H, h)
             dq, dk, dv = _heads(dqkv[b * T:(b + 1) * T], H, h)
             dyh = dy[b * T:(b + 1) * T, h * hd:(h + 1) * hd]
-            _head_bwd(q, k, v, dq, dk, dv, dyh, bufs[slot[bh]], scratch[blk], T, hd, scale, qb,
+            _head_bwd(q, k, v, dq, dk, dv, dyh, bufs[bh // per_buf], scratch[blk], T, hd, scale, qb,
                       not keep)
     restore_threads(prev)
 

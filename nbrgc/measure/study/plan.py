@@ -27,7 +27,9 @@ from .arms import ARMS, fits, model_config, train_config, with_references
 from .runner import load_result
 
 PHASES = ("sweep", "main", "all")
-SWEEP_SEED = 0  # the seed every arm's learning-rate sweep runs on
+# Every arm's learning-rate sweep runs on seed 0 whatever --seeds lists, so an invocation for
+# later seeds alone (--seeds 5,6) finds it and the rates it chose.
+SWEEP_SEED = 0
 _NOT_IN_KEY = ("log_every", "keep", "ckpt_every", "stage_workers", "attention", "threads",
                "stage_threads")
 # TrainConfig fields added after studies were stored: in a key only where they differ from the
@@ -79,9 +81,6 @@ class StudyPlan:
         if unknown:
             raise ConfigError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
         self.seeds = list(seeds)
-        # The sweep runs on seed 0 whatever --seeds lists, so an invocation for more seeds later
-        # (--seeds 5,6) finds it and the rates it chose.
-        self.sweep_seed = SWEEP_SEED
         if not self.seeds:
             raise ConfigError("a study needs at least one seed")
         self.sweep_lrs = sorted(float(v) for v in sweep_lrs)
@@ -125,7 +124,7 @@ class StudyPlan:
         chosen = self.arms if self.arms is not None else [a for a in ARMS if a not in skip]
         self.arms = with_references(chosen)
         for arm in self.arms:  # every arm's config is valid before anything runs
-            train_config(arm, self.base, self.sweep_seed, self.sweep_lrs[0], self.steps,
+            train_config(arm, self.base, SWEEP_SEED, self.sweep_lrs[0], self.steps,
                          self.eval_every).validate_for(model_config(arm, self.mcfg))
         self.left_out = skip  # Study.run says so: a bad flag's error stays the only line
         self._ds = dataset_obj
@@ -155,7 +154,7 @@ class StudyPlan:
 
     def fingerprint_config(self, arm):
         """The TrainConfig an arm's fingerprint is computed from (a run's child checks it again)."""
-        return train_config(arm, self.base, self.sweep_seed, self.sweep_lrs[0], self.steps, self.eval_every)
+        return train_config(arm, self.base, SWEEP_SEED, self.sweep_lrs[0], self.steps, self.eval_every)
 
     def twin_of(self, arm):
         """The first earlier arm whose numerics fingerprint equals ``arm``'s, or None. Such arms train
@@ -206,7 +205,7 @@ class StudyPlan:
         ratio = grid[1] / grid[0]
         extended = 0
         while True:
-            res = {lr: self.result(self.task("sweep", arm, self.sweep_seed, lr)) for lr in grid}
+            res = {lr: self.result(self.task("sweep", arm, SWEEP_SEED, lr)) for lr in grid}
             if any(r is None for r in res.values()):
                 return grid, res, None, False
             best = best_of(list(res.values()))
@@ -232,7 +231,7 @@ class StudyPlan:
             # rank by rank across the arms: a study stopped part-way has the likeliest rate of every
             # arm before a second rate of any
             for r in range(max(len(g) for g in grids.values())):
-                out += [self.task("sweep", arm, self.sweep_seed, grids[arm][r])
+                out += [self.task("sweep", arm, SWEEP_SEED, grids[arm][r])
                         for arm in self.arms if r < len(grids[arm])]
         if self.phase in ("main", "all"):
             for s in self.seeds:

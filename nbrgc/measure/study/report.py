@@ -18,6 +18,7 @@ import os
 
 from ...atomic import write_json, write_text
 from .arms import ARMS, BASE, CROSSES, DIAGNOSTIC, reference_of
+from .plan import SWEEP_SEED
 
 REPORT_FILE, MARKDOWN_FILE, CURVES_FILE = "study.json", "study.md", "curves.png"
 CONVERGED_BELOW = 0.01
@@ -161,7 +162,7 @@ def build(st, computed=()):
            "arms": arms, "convergence": convergence(bp_curves),
            "verdicts": verdicts(test_bpb, seeds, st.margin, st.conf, st.n_boot),
            "gap_by_tokens": gaps_by_tokens(arms, st.steps * st.batch * st.seq),
-           "sweep": {"seed": st.sweep_seed, "frac": st.sweep_frac, "steps": st.sweep_steps,
+           "sweep": {"seed": SWEEP_SEED, "frac": st.sweep_frac, "steps": st.sweep_steps,
                      "tokens": st.sweep_steps * st.batch * st.seq, "eval_every": st.sweep_eval_every,
                      "lrs": sorted(sweep_lrs), "grid": st.sweep_lrs, "extend": st.extend_sweep,
                      "criterion": "lowest final validation bpb"},
