@@ -44,7 +44,7 @@ python3 benchmarks/concurrency_ceiling.py --config small --threads 2 --repeats 5
     --out $out/small-ceiling.json > $out/small-ceiling.md
 python3 benchmarks/concurrency_ceiling.py --config paper --threads 2 --repeats 3 --warmup-steps 2 \
     --steps 6 --out $out/paper-ceiling.json > $out/paper-ceiling.md
-# 8. the schemes between RGC and BP on their worker threads: pipelined backprop (pipe-async), RGC
+# 9. the schemes between RGC and BP on their worker threads: pipelined backprop (pipe-async), RGC
 #    whose losses reach one stage back (rgc-h1) and RGC with a readout block (rgc-readout), beside
 #    bp and rgc-async
 bin/nbrgc-bench --config small --modes bp,rgc-async,pipe-async,rgc-h1:async,rgc-readout:async \
