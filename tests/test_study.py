@@ -461,6 +461,20 @@ def test_study_end_to_end_with_two_jobs(tmp_path):
     assert again["arms"] == full["arms"] and again["verdicts"] == full["verdicts"]
     assert "--report-only" not in again["command"] and (out / "study.md").exists()
     assert sum(again["run_machines"].values()) == 10
+    for e in again["arms"].values():  # throughput: the median of the runs on the speed machine
+        assert e["train_tokens_per_s"] == e["train_tokens_per_s_by_machine"][again["speed_machine"]]["median"]
+
+
+def test_throughput_compares_arms_on_one_machine():
+    """A study's runs may span machines whose speeds differ more than the arms' do: the machine's BLAS
+    libraries in any order are one machine, and the column compares arms on the one with most runs."""
+    from nbrgc.measure.study.report import _speed_machine, machine_key
+    a = "AMD EPYC, 2 usable, BLAS: openblas 0.3.31 SkylakeX kernel [nbrgc]; openblas 0.3.30 SkylakeX kernel [scipy]"
+    b = "AMD EPYC, 2 usable, BLAS: openblas 0.3.30 SkylakeX kernel [scipy]; openblas 0.3.31 SkylakeX kernel [nbrgc]"
+    assert machine_key(a) == machine_key(b) != machine_key(a.replace("SkylakeX", "Haswell"))
+    assert machine_key(None).startswith("not recorded")
+    speeds = {"bp": {"zen3": [3000.0], "zen4": [6000.0, 7300.0]}, "rgc-async": {"zen3": [2800.0], "zen4": [6500.0]}}
+    assert _speed_machine(speeds) == "zen4" and _speed_machine({}) is None
 
 
 def test_twin_arms_are_computed_once_and_train_the_same_bits(tmp_path):

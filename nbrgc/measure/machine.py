@@ -123,8 +123,9 @@ def machine_line(desc):
     """One human line: CPU, cores, threading layer, the BLAS nbrgc calls and its kernel."""
     cpu = desc.get("cpu") or {}
     blas = [b for b in desc.get("blas") or [] if b.get("user_api") == "blas"]
-    blas_txt = "; ".join(f"{b.get('internal_api')} {b.get('version')} {b.get('architecture')} kernel "
-                         f"[{b.get('used_by')}]" for b in blas) or "unknown"
+    # sorted: one machine gives one line, whatever order the libraries were loaded in
+    blas_txt = "; ".join(sorted(f"{b.get('internal_api')} {b.get('version')} {b.get('architecture')} "
+                                f"kernel [{b.get('used_by')}]" for b in blas)) or "unknown"
     v = desc.get("versions") or {}
     return (f"{cpu.get('model') or 'unknown CPU'}, {desc.get('usable_cores')} usable of "
             f"{desc.get('logical_cores')} logical cores ({cpu.get('physical_cores') or '?'} physical), "

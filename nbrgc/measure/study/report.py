@@ -15,6 +15,7 @@ interpolation between evaluations) and ``v_end`` the final one; their mean must 
 """
 import math
 import os
+import statistics
 
 from ...atomic import write_json, write_text
 from .arms import ARMS, BASE, CROSSES, DIAGNOSTIC, reference_of
@@ -26,6 +27,32 @@ CONVERGED_BELOW = 0.01
 
 def _num(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def machine_key(line):
+    """A result's machine line with its BLAS libraries in a fixed order, so that runs on one
+    machine count as one machine whatever order the libraries were found in."""
+    if not line:
+        return "not recorded (a run from before results named their machine)"
+    head, sep, blas = line.partition("BLAS: ")
+    return head + sep + "; ".join(sorted(blas.split("; "))) if sep else line
+
+
+def _label(rep, m):
+    """The short name of machine line ``m`` in study.md: M1, M2, ... in the order of "Runs made on"."""
+    order = list(rep.get("run_machines", {}))
+    return f"M{order.index(m) + 1}" if m in order else "–"
+
+
+def _speed_machine(speeds):
+    """The machine the throughput column compares arms on: the one with the most finished main
+    runs (tokens/s differ between machine kinds by more than between arms, so a mean over
+    machines would compare the machines)."""
+    count = {}
+    for by in speeds.values():
+        for m, v in by.items():
+            count[m] = count.get(m, 0) + len(v)
+    return max(count, key=count.get) if count else None
 
 
 def value_at(tokens, vals, at):
@@ -103,9 +130,10 @@ def build(st, computed=()):
     bp_curves = []
     sweep_lrs = set()
     run_machines = {}  # machine line -> runs reported made on it
+    speeds = {}  # arm -> machine line -> training tokens/s of its finished main runs
 
     def seen(r):
-        m = r.get("machine") or "not recorded (a run from before results named their machine)"
+        m = machine_key(r.get("machine"))
         run_machines[m] = run_machines.get(m, 0) + 1
 
     for arm in st.arms:
@@ -124,7 +152,7 @@ def build(st, computed=()):
                  "val_stage_bpb": [None] * len(seeds), "curve": {"tokens": [], "val_bpb": []},
                  "train_tokens_per_s": None, "peak_rss_mib": None, "crosses": CROSSES[arm],
                  "sweep": sweep}
-        curves, tps, rss = [None] * len(seeds), [], []
+        curves, rss = [None] * len(seeds), []
         if best is not None:
             n_known += len(seeds)
             for i, s in enumerate(seeds):
@@ -138,18 +166,26 @@ def build(st, computed=()):
                 entry["val_stage_bpb"][i] = r.get("val_stage_bpb")
                 curves[i] = r["curve"]
                 if r.get("train_tokens_per_s"):
-                    tps.append(r["train_tokens_per_s"])
+                    speeds.setdefault(arm, {}).setdefault(machine_key(r.get("machine")), []).append(
+                        r["train_tokens_per_s"])
                 if r.get("peak_rss_mib"):
                     rss.append(r["peak_rss_mib"])
         toks = next(([p[1] for p in c] for c in curves if c), [])
         entry["curve"] = {"tokens": toks,
                           "val_bpb": [[p[2] for p in c] if c else None for c in curves]}
-        entry["train_tokens_per_s"] = sum(tps) / len(tps) if tps else None
-        entry["peak_rss_mib"] = max(rss) if rss else None
+        entry["peak_rss_mib"] = float(statistics.median(rss)) if rss else None
+        entry["peak_rss_mib_max"] = max(rss) if rss else None
         if arm == BASE:
             bp_curves = [([p[1] for p in c], [p[2] for p in c]) for c in curves if c]
         test_bpb[arm] = entry["test_bpb"]
         arms[arm] = entry
+    speed_machine = _speed_machine(speeds)
+    for arm, entry in arms.items():
+        by = speeds.get(arm, {})
+        entry["train_tokens_per_s_by_machine"] = {
+            m: {"median": float(statistics.median(v)), "n": len(v)} for m, v in by.items()}
+        on = by.get(speed_machine)
+        entry["train_tokens_per_s"] = float(statistics.median(on)) if on else None
     machine = describe_machine()
     cfg = dict(st.mcfg.to_dict(), preset=st.config, batch=st.batch, seq=st.seq,
                n_stages=st.base["n_stages"], steps=st.steps, eval_every=st.eval_every,
@@ -170,7 +206,7 @@ def build(st, computed=()):
                            "ctx/2), full network (RGC: the last stage)", "bytes": st.test_bytes},
            "margin": st.margin, "conf": st.conf, "runs": {"done": n_done, "known": n_known},
            "command": st.command, "machine": machine, "machine_line": machine_line(machine),
-           "run_machines": run_machines,
+           "run_machines": run_machines, "speed_machine": speed_machine,
            "computed_this_call": list(computed), "notes": []}
     for a in arms:
         twin = st.twin_of(a)
@@ -238,7 +274,7 @@ def markdown(rep):
          f"fixed batches, {c['threads_per_run']} thread(s) per run. Numerics version "
          f"`{rep['code_version']}`. Runs done: {rep['runs']['done']} of {rep['runs']['known']} known.",
          "", f"Report written on: {rep['machine_line']}", "",
-         "Runs made on: " + "; ".join(f"{m} ({n} run{'s' if n != 1 else ''})"
+         "Runs made on: " + "; ".join(f"**{_label(rep, m)}** {m} ({n} run{'s' if n != 1 else ''})"
                                       for m, n in rep.get("run_machines", {}).items()), ""]
     if rep.get("command"):
         L += ["Reproduce (reuses every finished run in the folder):", "", "    " + rep["command"], ""]
@@ -296,10 +332,13 @@ def markdown(rep):
           f"Mean relative improvement of bp's validation bpb over the last 20% of its run: "
           f"{_pct(cv['bp_last20_rel_improvement'], 3)} over {cv['seeds']} seed(s) "
           f"(per seed: {', '.join(_pct(p, 3) for p in cv['per_seed']) or '–'}). {cv['note']}."]
-    tp = [(a, e["train_tokens_per_s"]) for a, e in arms.items() if e["train_tokens_per_s"]]
+    tp = [(a, e.get("train_tokens_per_s_by_machine")) for a, e in arms.items()
+          if e.get("train_tokens_per_s_by_machine")]
     if tp:
-        L += ["", "Training throughput (mean over finished main runs, tokens/s, machine shared by "
-              "the parallel runs): " + ", ".join(f"{a} {v:,.0f}" for a, v in tp) + "."]
+        L += ["", "Training throughput (median over finished main runs on each machine, tokens/s, "
+              "machine shared by the parallel runs): " + ", ".join(
+                  f"{a} " + " / ".join(f"{v['median']:,.0f} on {_label(rep, m)} ({v['n']})"
+                                       for m, v in by.items()) for a, by in tp) + "."]
     for n in rep.get("notes", []):
         L += ["", f"Note: {n}"]
     return "\n".join(L) + "\n"
@@ -310,15 +349,15 @@ def _class_tables(rep):
     and all of the run; the best arm of each class."""
     arms, g = rep["arms"], rep.get("gap_by_tokens")
     L = ["", "### Quality, speed and memory by what crosses a boundary backward", "",
-         "| arm | crosses | against | mean Δ test | t upper | tokens/s (1 thread, machine shared) | "
-         "peak RSS MiB |", "|---|---|---|---:|---:|---:|---:|"]
+         f"| arm | crosses | against | mean Δ test | t upper | tokens/s on {_label(rep, rep.get('speed_machine'))} "
+         "(1 thread, median, machine shared) | peak RSS MiB (median, max) |", "|---|---|---|---:|---:|---:|---:|"]
     for a, e in arms.items():
         v = rep["verdicts"].get(a, {})
-        tps, rss = e.get("train_tokens_per_s"), e.get("peak_rss_mib")
+        tps, rss, top = e.get("train_tokens_per_s"), e.get("peak_rss_mib"), e.get("peak_rss_mib_max")
         L.append(f"| {a} | {e.get('crosses', CROSSES.get(a))} | {v.get('reference', '–')} | "
                  f"{_pct(v.get('mean_gap'))} | "
                  f"{_pct(v.get('t_upper'))} | {'–' if not tps else f'{tps:,.0f}'} | "
-                 f"{'–' if not rss else f'{rss:,.0f}'} |")
+                 f"{'–' if not rss else f'{rss:,.0f}, {top:,.0f}'} |")
     best = best_of_class(rep)
     if best:
         L += ["", "Best arm of each class: " + "; ".join(
