@@ -17,6 +17,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from nbrgc.measure.machine import describe_machine, machine_line  # noqa: E402
 MODES = ("bp", "rgc-async")
 
 
@@ -59,7 +61,8 @@ def main():
     out = {"config": a.config, "steps": a.steps, "threads": a.threads, "rounds": rounds,
            "median_ratio_tokens_per_s": med,
            "median_ratio_wall": statistics.median(r["ratio_wall"] for r in rounds),
-           "command": " ".join(["python", "benchmarks/cadence_speed.py"] + sys.argv[1:])}
+           "command": " ".join(["python", "benchmarks/cadence_speed.py"] + sys.argv[1:]),
+           "machine": describe_machine()}
     with open(a.out + ".json", "w") as f:
         json.dump(out, f, indent=1)
     lines = [f"## rgc-async vs BP with the default evaluation cadence: {a.config}, {a.steps} steps, "
@@ -73,7 +76,7 @@ def main():
                      f"{r['bp']['evals']} / {r['rgc-async']['evals']} | "
                      f"{r['bp']['peak_rss_mib']:,.0f} / {r['rgc-async']['peak_rss_mib']:,.0f} |")
     lines += ["", f"median ratio (training tokens/s) {med:.3f}, wall {out['median_ratio_wall']:.3f}.",
-              f"Command: `{out['command']}`", ""]
+              f"Command: `{out['command']}`", "", f"Machine: {machine_line(out['machine'])}", ""]
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))

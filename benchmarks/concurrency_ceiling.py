@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 from nbrgc.measure import bench  # noqa: E402
 from nbrgc.config import TrainConfig, preset, preset_batch  # noqa: E402
-from nbrgc.measure.machine import describe_machine  # noqa: E402
+from nbrgc.measure.machine import describe_machine, machine_line  # noqa: E402
 
 
 def spec_for(mcfg, tc, threads, rnd, warmup, steps):
@@ -74,8 +74,9 @@ def main():
               f"{' + '.join(f'{v:,.0f}' for v in rates)} = {sum(rates):,.0f}; "
               f"ratio {rounds[-1]['ratio']:.3f}", file=sys.stderr, flush=True)
     ratios = [x["ratio"] for x in rounds]
+    machine = describe_machine()
     print(f"## Concurrency ceiling: {a.config}, {a.threads} threads, {a.repeats} rounds of {a.steps} "
-          f"timed steps\n")
+          f"timed steps\n\nMachine: {machine_line(machine)}\n")
     print("| round | BP, one process, T threads (tokens/s) | T single-thread BP processes at once "
           "(tokens/s, summed) | ratio |\n|---:|---:|---:|---:|")
     for x in rounds:
@@ -89,7 +90,7 @@ def main():
             json.dump({"config": a.config, "threads": a.threads, "steps": a.steps,
                        "warmup_steps": a.warmup_steps, "rounds": rounds,
                        "median_ratio": statistics.median(ratios),
-                       "machine": describe_machine()},
+                       "machine": machine},
                       f, indent=1)
     return 0
 

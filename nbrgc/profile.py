@@ -129,11 +129,15 @@ def main(argv=None):
     B = a.batch or preset_batch(a.config)
     per, wall, nt = measure(cfg, B, cfg.ctx, a.threads or numba.config.NUMBA_NUM_THREADS,
                             a.attention, a.repeats)
+    from .measure.machine import describe_machine, machine_line
+    machine = describe_machine()  # a profile is of one machine: it says which
     if a.json:
-        print(json.dumps({"config": a.config, "batch": B, "threads": nt, "step_s": wall, "kernels_s": per}))
+        print(json.dumps({"config": a.config, "batch": B, "threads": nt, "step_s": wall, "kernels_s": per,
+                          "machine": machine}))
         return 0
     print(f"# per-kernel time of one BP step: {a.config}, batch {B}, ctx {cfg.ctx}, {nt} threads"
           + ("" if a.attention == "store" else ", attention probabilities recomputed") + "\n")
+    print(f"Machine: {machine_line(machine)}\n")
     print("\n".join(table(per)))
     print(f"\nstep wall time {wall * 1e3:.1f} ms ({B * cfg.ctx / wall:.0f} tokens/s through this "
           "Python-driven replay)")
