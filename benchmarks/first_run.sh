@@ -3,7 +3,8 @@
 # per checkout, `bin/nbrgc-train` with an empty kernel cache (cold: compiles) and again with that
 # cache (warm), wall clock and user+sys CPU of the whole command (compile helpers included), the
 # compile CPU (cold - warm), and the run's last losses and validation bpb (the bits must not depend
-# on whether the kernels were compiled or loaded). Run it with nothing else on the cores.
+# on whether the kernels were compiled or loaded), and the warm-up's own "kernels ready in" line.
+# Run it with nothing else on the cores.
 #
 #   bash benchmarks/first_run.sh                       # this checkout
 #   git worktree add /tmp/base 8c4c5b2
@@ -30,7 +31,9 @@ for p in ("cold", "warm"):
     recs = [json.loads(line) for line in open(f"{d}/run-{p}/log.jsonl") if line.startswith("{")]
     losses = [r["loss"] for r in recs if "loss" in r][-3:]
     val = [r["val_bpb"] for r in recs if "val_bpb" in r][-1:]
-    print(f"  {p}: last losses {losses}, val bpb {val}")
+    ready = [ln.strip() for ln in open(f"{d}/{p}.err").read().replace("\r", "\n").splitlines()
+             if "kernels ready in" in ln][-1:]  # the warm-up's own time: compiling, or loading
+    print(f"  {p}: last losses {losses}, val bpb {val}; {ready[0] if ready else 'no kernels line'}")
 PY
   rm -rf "$d"
 done
