@@ -384,6 +384,25 @@ def test_train_help_shows_every_flag_with_help_and_real_defaults():
         assert cmd in text.split("Then:")[1]
 
 
+def test_next_commands_fit_the_run():
+    """After the demo: sample, evaluate, a real dataset, the method; after a run stopped early: its
+    own command with --out and --resume, which the parser accepts as it is."""
+    import shlex
+
+    from nbrgc.cli.train import AFTER_DEMO, next_commands, parse
+    _, tc, a = parse([])
+    done = next_commands("runs/demo-bp", [], a, tc, {"steps": tc.steps})
+    assert done[0].startswith("bin/nbrgc-sample runs/demo-bp") and done[2:] == list(AFTER_DEMO)
+    argv = ["--dataset", "text:my file.txt", "--config", "small", "--steps", "50", "--time", "9"]
+    _, tc, a = parse(argv)
+    cmds = next_commands("runs/small-bp-2", argv, a, tc, {"steps": 7})
+    assert not set(AFTER_DEMO) & set(cmds) and "--resume" in cmds[2]
+    again = shlex.split(cmds[2].split("   #")[0])[1:]
+    assert again == argv + ["--out", "runs/small-bp-2", "--resume"]
+    _, _, b = parse(again)
+    assert b.resume and b.out == "runs/small-bp-2" and b.dataset == "text:my file.txt"
+
+
 def test_train_defaults_are_train_configs():
     """The flags read TrainConfig's defaults; derived ones follow its rules."""
     from nbrgc.cli.train import parse

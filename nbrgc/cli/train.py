@@ -1,6 +1,7 @@
 """nbrgc-train: train a byte-level Transformer by global backprop or bounded-horizon RGC."""
 import argparse
 import os
+import shlex
 import sys
 
 from . import DefaultsFormatter, OneLineParser, finite_number, run_main, workers
@@ -9,11 +10,14 @@ RUNS = "runs"  # where a run without --out gets its folder ($NBRGC_RUNS moves it
 
 # the commands a finished run points to: shown by --help and at the end of every run that saved
 NEXT = ("bin/nbrgc-sample {out} --prompt 'Once there was' --bytes 300 --temperature 0.8 --top-k 40",
-        "bin/nbrgc-eval {out} --split test",
-        "bin/nbrgc-train --mode rgc-async          # the same model by RGC: 4 stages, no backprop across",
-        "bin/nbrgc-train --dataset enwik8 --config small --steps 5000 --out runs/enwik8")
+        "bin/nbrgc-eval {out} --split test")
+# after the demo (the bundled corpus), the next things to try
+AFTER_DEMO = ("bin/nbrgc-train --dataset enwik8 --config small --steps 5000 --out runs/enwik8",
+              "bin/nbrgc-train --mode rgc-async          # the method studied here: 4 local stages, "
+              "no backprop across them")
 EPILOG = ("A run without --out keeps its folder under runs/ (a fresh name every time). Then:\n  "
-          + "\n  ".join(c.format(out="RUN") for c in NEXT))
+          + "\n  ".join(c.format(out="RUN") for c in NEXT + AFTER_DEMO)
+          + "\nA run stopped early (Ctrl-C, --time) continues with its own command and --resume.")
 
 
 class _Formatter(DefaultsFormatter, argparse.RawDescriptionHelpFormatter):
@@ -242,8 +246,22 @@ def _main(argv):
     if a.sample and summary["steps"] > 0:
         show_sample(trainer.model, ds.val, a.sample, say)
     if out is not None and summary["checkpoint"]:
-        say(f"run kept in {out}; next:\n  " + "\n  ".join(c.format(out=out) for c in NEXT))
+        say(f"run kept in {out}; next:\n  " + "\n  ".join(next_commands(out, argv, a, tc, summary)))
     return 0
+
+
+def next_commands(out, argv, a, tc, summary):
+    """What to run after this run: sample and evaluate it; continue it where it stopped early (its
+    own command with --out and --resume); after the demo, a real dataset and the method."""
+    cmds = [c.format(out=shlex.quote(out)) for c in NEXT]
+    if summary["steps"] < tc.steps:  # stopped early: Ctrl-C, a signal, --time
+        args = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--resume"]
+        if a.out is None:
+            args += ["--out", out]
+        cmds.append(shlex.join(["bin/nbrgc-train"] + args + ["--resume"]) + "   # continue it")
+    if a.dataset == "default":
+        cmds += AFTER_DEMO
+    return cmds
 
 
 def fresh_run_folder(name):
