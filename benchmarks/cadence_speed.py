@@ -22,9 +22,11 @@ from nbrgc.measure.machine import describe_machine, machine_line  # noqa: E402
 MODES = ("bp", "rgc-async")
 
 
-def one_run(config, mode, steps, threads, out):
+def one_run(config, mode, steps, threads, out, eval_every=None):
     argv = [sys.executable, os.path.join(REPO, "bin", "nbrgc-train"), "--config", config, "--mode", mode,
             "--steps", str(steps), "--threads", str(threads), "--json", "--quiet", "--out", out]
+    if eval_every is not None:  # 0: only the final evaluation, what the cadence costs set apart
+        argv += ["--eval-every", str(eval_every)]
     p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     if p.returncode != 0:
         sys.exit(f"error: {mode} run failed: {p.stderr.strip().splitlines()[-1:]}")
@@ -42,6 +44,8 @@ def main():
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="nbrgc-train's --eval-every (default: its own, steps/5; 0: the final one only)")
     ap.add_argument("--out", required=True, help="path prefix: writes PREFIX.json and PREFIX.md")
     a = ap.parse_args()
     rounds = []
@@ -50,7 +54,8 @@ def main():
         one_run(a.config, "rgc-async", 2, a.threads, os.path.join(tmp, "warm-rgc"))
         for r in range(a.rounds):
             order = MODES if r % 2 == 0 else MODES[::-1]
-            res = {m: one_run(a.config, m, a.steps, a.threads, os.path.join(tmp, f"{m}-{r}")) for m in order}
+            res = {m: one_run(a.config, m, a.steps, a.threads, os.path.join(tmp, f"{m}-{r}"), a.eval_every)
+                   for m in order}
             res["ratio_tokens_per_s"] = res["rgc-async"]["tokens_per_s"] / res["bp"]["tokens_per_s"]
             res["ratio_wall"] = res["bp"]["wall_s"] / res["rgc-async"]["wall_s"]
             rounds.append(res)
@@ -65,7 +70,9 @@ def main():
            "machine": describe_machine()}
     with open(a.out + ".json", "w") as f:
         json.dump(out, f, indent=1)
-    lines = [f"## rgc-async vs BP with the default evaluation cadence: {a.config}, {a.steps} steps, "
+    cadence = "the default evaluation cadence" if a.eval_every is None else f"--eval-every {a.eval_every}"
+    out["eval_every"] = a.eval_every
+    lines = [f"## rgc-async vs BP with {cadence}: {a.config}, {a.steps} steps, "
              f"{a.threads} threads, {a.rounds} interleaved rounds", "",
              "| round | BP tokens/s | rgc-async tokens/s | ratio | BP wall s | rgc-async wall s | evaluations "
              "| peak RSS MiB (BP / rgc-async) |",
