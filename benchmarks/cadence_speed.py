@@ -66,12 +66,12 @@ def main():
     out = {"config": a.config, "steps": a.steps, "threads": a.threads, "rounds": rounds,
            "median_ratio_tokens_per_s": med,
            "median_ratio_wall": statistics.median(r["ratio_wall"] for r in rounds),
+           "eval_every": a.eval_every,
            "command": " ".join(["python", "benchmarks/cadence_speed.py"] + sys.argv[1:]),
            "machine": describe_machine()}
     with open(a.out + ".json", "w") as f:
         json.dump(out, f, indent=1)
     cadence = "the default evaluation cadence" if a.eval_every is None else f"--eval-every {a.eval_every}"
-    out["eval_every"] = a.eval_every
     lines = [f"## rgc-async vs BP with {cadence}: {a.config}, {a.steps} steps, "
              f"{a.threads} threads, {a.rounds} interleaved rounds", "",
              "| round | BP tokens/s | rgc-async tokens/s | ratio | BP wall s | rgc-async wall s | evaluations "

@@ -468,7 +468,8 @@ def test_study_end_to_end_with_two_jobs(tmp_path):
 def test_throughput_compares_arms_on_one_machine():
     """A study's runs may span machines whose speeds differ more than the arms' do: the machine's BLAS
     libraries in any order are one machine, and the column compares arms on the one with most runs."""
-    from nbrgc.measure.study.report import _speed_machine, machine_key
+    from nbrgc.measure.machine import machine_key
+    from nbrgc.measure.study.report import _speed_machine
     a = "AMD EPYC, 2 usable, BLAS: openblas 0.3.31 SkylakeX kernel [nbrgc]; openblas 0.3.30 SkylakeX kernel [scipy]"
     b = "AMD EPYC, 2 usable, BLAS: openblas 0.3.30 SkylakeX kernel [scipy]; openblas 0.3.31 SkylakeX kernel [nbrgc]"
     assert machine_key(a) == machine_key(b) != machine_key(a.replace("SkylakeX", "Haswell"))

@@ -119,6 +119,15 @@ def describe_machine():
     }
 
 
+def machine_key(line):
+    """A stored machine line with its BLAS libraries in machine_line's order (sorted), so that runs
+    on one machine count as one machine, lines written before the sorting included."""
+    if not line:
+        return "not recorded (a run from before results named their machine)"
+    head, sep, blas = line.partition("BLAS: ")
+    return head + sep + "; ".join(sorted(blas.split("; "))) if sep else line
+
+
 def machine_line(desc):
     """One human line: CPU, cores, threading layer, the BLAS nbrgc calls and its kernel."""
     cpu = desc.get("cpu") or {}

@@ -18,6 +18,7 @@ import os
 import statistics
 
 from ...atomic import write_json, write_text
+from ..machine import machine_key
 from .arms import ARMS, BASE, CROSSES, DIAGNOSTIC, reference_of
 from .plan import SWEEP_SEED
 
@@ -27,15 +28,6 @@ CONVERGED_BELOW = 0.01
 
 def _num(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
-
-
-def machine_key(line):
-    """A result's machine line with its BLAS libraries in a fixed order, so that runs on one
-    machine count as one machine whatever order the libraries were found in."""
-    if not line:
-        return "not recorded (a run from before results named their machine)"
-    head, sep, blas = line.partition("BLAS: ")
-    return head + sep + "; ".join(sorted(blas.split("; "))) if sep else line
 
 
 def _label(rep, m):
@@ -135,6 +127,7 @@ def build(st, computed=()):
     def seen(r):
         m = machine_key(r.get("machine"))
         run_machines[m] = run_machines.get(m, 0) + 1
+        return m
 
     for arm in st.arms:
         grid, res, best, at_edge = st.sweep_state(arm)
@@ -160,13 +153,13 @@ def build(st, computed=()):
                 if r is None:
                     continue
                 n_done += 1
-                seen(r)
+                m = seen(r)
                 entry["test_bpb"][i] = _num(r["test_bpb"])
                 entry["val_bpb"][i] = _num(r["val_bpb"])
                 entry["val_stage_bpb"][i] = r.get("val_stage_bpb")
                 curves[i] = r["curve"]
                 if r.get("train_tokens_per_s"):
-                    speeds.setdefault(arm, {}).setdefault(machine_key(r.get("machine")), []).append(
+                    speeds.setdefault(arm, {}).setdefault(m, []).append(
                         r["train_tokens_per_s"])
                 if r.get("peak_rss_mib"):
                     rss.append(r["peak_rss_mib"])
